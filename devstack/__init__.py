@@ -1,0 +1,1 @@
+"""Local development stack: launch tritonserver (system or bundled) and the gateway, for `make serve` and tests."""

@@ -1,0 +1,110 @@
+"""Start a local tritonserver on a model repository, with the Python backend seeing this venv.
+
+Uses a `tritonserver` on PATH when there is one (the NGC container), else the binary bundled in
+the `nvidia-pytriton` wheel. The Python backend stub must load the *same* libpython as this
+interpreter (the system libpython is another patch release and breaks `import torch`), so the
+interpreter's LIBDIR goes first on LD_LIBRARY_PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class TritonPorts:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+
+def _bundled_root() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def backend_directory(build_dir: Path) -> Path:
+    """A backends/ folder whose python backend holds the stub for this interpreter's version."""
+    root = _bundled_root()
+    target = build_dir / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    files = {
+        "libtriton_python.so": root / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": root / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": root / "python_backend_stubs" / version / "triton_python_backend_stub",
+    }
+    for name, source in files.items():
+        link = target / name
+        if not link.exists():
+            link.symlink_to(source)
+    return target.parent
+
+
+def triton_command(repo: Path, ports: TritonPorts, build_dir: Path, extra: list[str] | None = None) -> list[str]:
+    system = shutil.which("tritonserver")
+    args = [
+        f"--model-repository={repo}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
+        "--log-verbose=0",
+        "--exit-timeout-secs=10",
+    ] + (extra or [])
+    if system:
+        return [system, *args]
+    return [str(_bundled_root() / "bin" / "tritonserver"), f"--backend-directory={backend_directory(build_dir)}", *args]
+
+
+def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(base if base is not None else os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    bundled_libs = str(_bundled_root().parent.parent / "nvidia_pytriton.libs")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, bundled_libs, env.get("LD_LIBRARY_PATH", "")) if p)
+    # the stub runs libpython isolated from PYTHONPATH; model.py adds these (repo for `engine`, venv packages)
+    env["SIE_PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *site.getsitepackages()])
+    env.setdefault("SIE_MODEL_CACHE", str(REPO_ROOT / ".cache" / "models"))
+    return env
+
+
+def start_triton(
+    repo: Path, ports: TritonPorts, log_path: Path | None = None, extra: list[str] | None = None
+) -> subprocess.Popen:
+    build_dir = REPO_ROOT / "build"
+    out = open(log_path, "ab") if log_path else None
+    return subprocess.Popen(
+        triton_command(repo, ports, build_dir, extra),
+        env=triton_env(),
+        stdout=out or None,
+        stderr=subprocess.STDOUT if out else None,
+        start_new_session=True,
+    )
+
+
+def wait_ready(ports: TritonPorts, proc: subprocess.Popen | None = None, timeout: float = 300.0) -> None:
+    """Block until Triton reports ready (all models loaded) or fail if the process dies."""
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{ports.http}/v2/health/ready"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("tritonserver did not become ready in time")

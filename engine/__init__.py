@@ -1,0 +1,5 @@
+"""Model-side package: continuous-batching generation engine on transformers models.
+
+Import the pieces you need (`engine.engine.LLMEngine`, `engine.triton_model.TritonGenerationModel`);
+this package never imports Falcon, pydantic wire models or tritonclient.
+"""

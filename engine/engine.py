@@ -1,0 +1,155 @@
+"""LLMEngine: loads a model, runs the scheduler loop in its own thread, takes requests from any thread."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine.chat import render_chat
+from engine.errors import EngineError, QueueFull
+from engine.forward import DecoderForward
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import EngineRequest, RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    max_slots: int = 64
+    max_len: int = 2048
+    prefill_budget: int = 512
+    max_queue: int = 256
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    threads: int | None = None
+
+
+def _resolve_dtype(config: EngineConfig) -> torch.dtype:
+    if config.dtype != "auto":
+        return getattr(torch, config.dtype)
+    return torch.bfloat16 if config.device.startswith("cuda") else torch.float32
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model_path, dtype=_resolve_dtype(config), attn_implementation="sdpa"
+        ).to(config.device)
+        model.eval()
+        self.model = model
+        self.forward = DecoderForward(model, config.max_slots, config.max_len)
+        self.sampler = Sampler(model.config.vocab_size, self._stop_token_ids(model))
+        self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget)
+        self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.healthy = True
+
+    def _stop_token_ids(self, model) -> set[int]:
+        ids: set[int] = set()
+        for source in (model.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None),
+                       self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list):
+                ids.update(source)
+        return ids
+
+    # -- request API ---------------------------------------------------------------------------
+
+    def encode_prompt(
+        self,
+        prompt: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        params: SamplingParams | None = None,
+    ) -> list[int]:
+        if messages is not None:
+            tools = params.tools if params and params.tool_choice != "none" else None
+            text = render_chat(self.tokenizer, messages, tools, params.chat_template_kwargs if params else None)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if prompt is None:
+            raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")
+        return self.tokenizer.encode(prompt)
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request; raises QueueFull at once when the bounded queue is full."""
+        if not self.healthy:
+            raise EngineError("MODEL_LOADING", "engine is not healthy")
+        with self._lock:
+            if self._pending + self.scheduler.queue_depth >= self.config.max_queue:
+                raise QueueFull()
+            self._pending += 1
+        self._incoming.put(request)
+        self._wake.set()
+
+    def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> "queue.Queue[RequestOutput]":
+        """Convenience for tests and benchmarks: submit and get a queue of outputs."""
+        out: queue.Queue[RequestOutput] = queue.Queue()
+        self.submit(EngineRequest(request_id, prompt_ids, params, out.put, stream, is_cancelled))
+        return out
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _drain_incoming(self) -> None:
+        while True:
+            try:
+                request = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                self._pending -= 1
+            try:
+                self.scheduler.add(request)
+            except EngineError as exc:
+                request.on_output(RequestOutput(request.request_id, 0, "", "error", final=True, error=exc))
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self._drain_incoming()
+                if not self.scheduler.has_work():
+                    self._wake.wait(timeout=0.05)
+                    self._wake.clear()
+                    continue
+                self.scheduler.step()
+        except Exception:
+            log.exception("engine loop crashed")
+            self.healthy = False
+            self._fail_everything()
+
+    def _fail_everything(self) -> None:
+        error = EngineError("inference_error", "the engine failed; retry the request")
+        groups = list(self.scheduler.waiting) + [s.group for s in self.scheduler.decoding]
+        if self.scheduler.prefilling is not None:
+            groups.append(self.scheduler.prefilling)
+        for group in {id(g): g for g in groups}.values():
+            if not group.sent_final:
+                group.emit(RequestOutput("", 0, "", "error", final=True, error=error))

@@ -1,0 +1,27 @@
+"""Errors the engine reports for one request; the Triton glue turns them into Triton errors."""
+
+from __future__ import annotations
+
+import json
+
+
+class EngineError(Exception):
+    """A per-request failure with a stable code the gateway maps to HTTP (see docs/triton-contract.md)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+    def to_json(self) -> str:
+        return json.dumps({"code": self.code, "param": self.param, "message": self.message})
+
+
+class QueueFull(EngineError):
+    def __init__(self, message: str = "engine queue is full; retry later") -> None:
+        super().__init__("QUEUE_FULL", message)
+
+
+def invalid(message: str, param: str | None = None) -> EngineError:
+    return EngineError("invalid_request", message, param)

@@ -1,0 +1,177 @@
+"""A lean decoder forward over a transformers Llama-family model's weights, with a static KV cache.
+
+Why our own forward: batched decode of small models on CPU is bound by per-step overhead (Python
+dispatch over many small ops, a growing cache), not arithmetic. Fused QKV / gate-up weights,
+preallocated KV buffers written at each row's own position, GQA folded into SDPA without repeating
+K/V, and the LM head only on the positions we sample from cut that overhead (see
+shared/notes/cpu-decode.md). Supported: LlamaForCausalLM and the Qwen2/Qwen3 variants (QKV bias,
+per-head q/k RMSNorm), which covers the served models; others are rejected at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.kv_cache import KVCache
+
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderForward:
+    """Prefill and batched decode over a static KV cache; rows are KV cache slots."""
+
+    def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
+        config = hf_model.config
+        arch = (config.architectures or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {arch} is not supported by engine.forward")
+        self.config = config
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = config.rms_norm_eps
+        self.vocab_size = config.vocab_size
+        param = next(hf_model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        inner = hf_model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.final_norm = inner.norm.weight.detach()
+        self.lm_head = hf_model.lm_head.weight.detach()
+        self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.cache = KVCache(
+            len(self.layers), max_slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device
+        )
+        self._build_rope(config, max_len)
+
+    @staticmethod
+    def _fuse(layer: torch.nn.Module) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach().contiguous()
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+        q_norm = getattr(attn, "q_norm", None)
+        k_norm = getattr(attn, "k_norm", None)
+        return LayerWeights(
+            input_norm=layer.input_layernorm.weight.detach(),
+            qkv=qkv,
+            qkv_bias=bias,
+            q_norm=q_norm.weight.detach() if q_norm is not None else None,
+            k_norm=k_norm.weight.detach() if k_norm is not None else None,
+            o_proj=attn.o_proj.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().contiguous(),
+            down=mlp.down_proj.weight.detach(),
+        )
+
+    def _build_rope(self, config, max_len: int) -> None:
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        if rope.get("rope_type", "default") not in ("default", None):
+            raise ValueError(f"rope type {rope.get('rope_type')} is not supported")
+        dim = self.head_dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=self.device) / dim))
+        t = torch.arange(max_len, dtype=torch.float32, device=self.device)
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(self.dtype)
+        self.sin = emb.sin().to(self.dtype)
+
+    def _qkv(self, w: LayerWeights, h: torch.Tensor, positions: torch.Tensor):
+        """h: [N, hidden]; positions: [N] -> q [N, H, D], k/v [N, Hkv, D] with RoPE applied."""
+        x = F.linear(h, w.qkv, w.qkv_bias)
+        d = self.head_dim
+        q, k, v = x.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
+        q = q.view(-1, self.n_heads, d)
+        k = k.view(-1, self.n_kv, d)
+        v = v.view(-1, self.n_kv, d)
+        if w.q_norm is not None:
+            q = _rms_norm(q, w.q_norm, self.eps)
+            k = _rms_norm(k, w.k_norm, self.eps)
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _mlp(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(_rms_norm(h, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w.down)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(_rms_norm(h, self.final_norm, self.eps), self.lm_head).float()
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Run `token_ids` ([T]) for one slot from position `start`; returns logits of the last token [V]."""
+        n = token_ids.shape[0]
+        end = start + n
+        positions = torch.arange(start, end, device=self.device)
+        h = self.embed[token_ids]
+        # causal over the chunk, full over the cached prefix
+        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        kc, vc = self.cache.k, self.cache.v
+        for i, w in enumerate(self.layers):
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions)
+            kc[i, slot, :, start:end] = k.transpose(0, 1)
+            vc[i, slot, :, start:end] = v.transpose(0, 1)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0),
+                kc[i, slot : slot + 1, :, :end],
+                vc[i, slot : slot + 1, :, :end],
+                attn_mask=mask,
+                enable_gqa=True,
+            )
+            h = h + F.linear(attn[0].transpose(0, 1).reshape(n, -1), w.o_proj)
+            h = h + self._mlp(w, h)
+        return self._logits(h[-1:])[0]
+
+    @torch.inference_mode()
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
+        """One step for slots 0..B-1: token_ids/positions [B]; `span` = max(positions)+1. Returns [B, V]."""
+        b = token_ids.shape[0]
+        rows = torch.arange(b, device=self.device)
+        h = self.embed[token_ids]
+        group = self.n_heads // self.n_kv
+        # [B, 1, 1, span]: each row attends to its own filled prefix only
+        mask = (torch.arange(span, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
+        kc, vc = self.cache.k, self.cache.v
+        for i, w in enumerate(self.layers):
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions)
+            kc[i, rows, :, positions] = k
+            vc[i, rows, :, positions] = v
+            # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
+            attn = F.scaled_dot_product_attention(
+                q.view(b, self.n_kv, group, self.head_dim),
+                kc[i, :b, :, :span],
+                vc[i, :b, :, :span],
+                attn_mask=mask,
+            )
+            h = h + F.linear(attn.reshape(b, -1), w.o_proj)
+            h = h + self._mlp(w, h)
+        return self._logits(h)

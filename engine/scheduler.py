@@ -1,0 +1,259 @@
+"""Iteration-level continuous batching: admit, prefill (token-budgeted), decode, retire.
+
+Invariant: decoding sequences occupy KV slots 0..B-1 in `self.decoding` order, and a request in
+prefill holds slot B (its first candidate). A retiring sequence's slot is filled by the last row,
+so the decode step always reads plain views of the cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import time
+
+import torch
+
+from engine.errors import EngineError
+from engine.forward import DecoderForward
+from engine.sampler import Sampler
+from engine.sequence import EngineRequest, RequestOutput, Sequence, SequenceGroup
+from engine.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, forward: DecoderForward, sampler: Sampler, tokenizer, prefill_budget: int = 512) -> None:
+        self.forward = forward
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.prefill_budget = prefill_budget
+        self.max_slots = forward.cache.slots
+        self.max_len = forward.cache.max_len
+        self.waiting: collections.deque[SequenceGroup] = collections.deque()
+        self.prefilling: SequenceGroup | None = None
+        self.decoding: list[Sequence] = []
+        self.stats = EngineStats()
+        self.postprocess = None  # optional hook(seq) -> dict of extra output fields, set by the engine
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def add(self, request: EngineRequest) -> None:
+        prompt_len = len(request.prompt_ids)
+        if prompt_len == 0:
+            raise EngineError("invalid_request", "prompt is empty", "prompt")
+        if prompt_len >= self.max_len:
+            raise EngineError(
+                "context_exceeded",
+                f"prompt has {prompt_len} tokens; this model accepts at most {self.max_len - 1}",
+                "messages",
+            )
+        if request.params.width > self.max_slots:
+            raise EngineError(
+                "invalid_request",
+                f"n/best_of of {request.params.width} exceeds this engine's {self.max_slots} concurrent sequences",
+                "best_of" if request.params.best_of else "n",
+            )
+        # generation never runs past the cache: clamp the budget, finishing with "length"
+        request.params.max_tokens = min(request.params.max_tokens, self.max_len - prompt_len)
+        self.waiting.append(SequenceGroup(request))
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    # -- one iteration -------------------------------------------------------------------------
+
+    def step(self) -> None:
+        self._reap_cancelled()
+        self._prefill()
+        if self.decoding:
+            self._decode()
+        self.stats.running = len(self.decoding)
+        self.stats.kv_tokens = sum(s.kv_len for s in self.decoding)
+
+    def _reap_cancelled(self) -> None:
+        groups = {id(s.group): s.group for s in self.decoding}
+        if self.prefilling is not None:
+            groups[id(self.prefilling)] = self.prefilling
+        for group in list(self.waiting) + list(groups.values()):
+            check = group.request.is_cancelled
+            if check is not None and check():
+                self.abort(group, "cancelled")
+
+    def abort(self, group: SequenceGroup, reason: str, error: EngineError | None = None) -> None:
+        """Drop a request wherever it is, free its slots, and end it with one final output."""
+        if group in self.waiting:
+            self.waiting.remove(group)
+        if self.prefilling is group:
+            self.prefilling = None
+        for seq in [s for s in self.decoding if s.group is group]:
+            self._retire(seq)
+        if reason == "cancelled":
+            self.stats.cancelled += 1
+        if not group.sent_final:
+            group.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error))
+
+    def _prefill(self) -> None:
+        budget = self.prefill_budget
+        while budget > 0:
+            if self.prefilling is None:
+                if not self.waiting:
+                    return
+                group = self.waiting[0]
+                if len(self.decoding) + group.params.width > self.max_slots:
+                    return  # wait for slots to free up
+                self.waiting.popleft()
+                self.prefilling = group
+                group.sequences = [Sequence(group, 0, self._generator(group, 0), self.tokenizer)]
+            group = self.prefilling
+            parent = group.sequences[0]
+            parent.slot = len(self.decoding)
+            prompt = group.request.prompt_ids
+            chunk = prompt[group.prefilled : group.prefilled + budget]
+            try:
+                logits = self.forward.prefill(parent.slot, torch.tensor(chunk), group.prefilled)
+            except Exception as exc:  # a forward failure on one prompt must not take the engine down
+                log.exception("prefill failed for %s", group.request.request_id)
+                self.abort(group, "error", EngineError("inference_error", f"prefill failed: {type(exc).__name__}"))
+                continue
+            group.prefilled += len(chunk)
+            parent.kv_len = group.prefilled
+            budget -= len(chunk)
+            if group.prefilled == len(prompt):
+                self.prefilling = None
+                self._start_decoding(group, logits)
+
+    def _start_decoding(self, group: SequenceGroup, logits: torch.Tensor) -> None:
+        parent = group.sequences[0]
+        for index in range(1, group.params.width):
+            child = parent.fork(index, self._generator(group, index), self.tokenizer)
+            child.slot = parent.slot + index
+            self.forward.cache.copy_slot(parent.slot, child.slot, parent.kv_len)
+            group.sequences.append(child)
+        self.decoding.extend(group.sequences)
+        group.first_token_at = time.monotonic()
+        self.stats.observe_ttft(group.first_token_at - group.request.arrival)
+        rows = group.sequences
+        self._sample_and_advance(logits.unsqueeze(0).expand(len(rows), -1).clone(), rows)
+
+    def _decode(self) -> None:
+        rows = list(self.decoding)
+        tokens = torch.tensor([s.output_ids[-1] for s in rows])
+        positions = torch.tensor([s.kv_len for s in rows])
+        logits = self.forward.decode(tokens, positions, int(positions.max()) + 1)
+        for s in rows:
+            s.kv_len += 1
+        self._sample_and_advance(logits, rows)
+
+    def _sample_and_advance(self, logits: torch.Tensor, rows: list[Sequence]) -> None:
+        masks = {i: s.grammar.apply_mask for i, s in enumerate(rows) if s.grammar is not None}
+        out = self.sampler.sample(logits, rows, masks)
+        self.stats.generated_tokens += len(rows)
+        for i, seq in enumerate(rows):
+            self._advance(seq, out.tokens[i], out.logprobs[i], out.top[i] if out.top else None)
+        for seq in rows:
+            if seq.finished:
+                self._retire(seq)
+                self._maybe_finish_group(seq.group)
+        for group in {id(s.group): s.group for s in rows}.values():
+            if group.request.stream and not group.buffered and not group.sent_final:
+                for seq in group.sequences:
+                    if not seq.finished and (seq.text or seq.unsent_logprobs):
+                        self._emit_delta(seq)
+
+    def _advance(self, seq: Sequence, token: int, logprob: float, top) -> None:
+        seq.record_token(token, logprob)
+        params = seq.params
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+        if params.logprobs:
+            seq.unsent_logprobs.append(self._logprob_entry(token, logprob, top))
+        if token in self.sampler.stop_token_set and not params.ignore_eos:
+            seq.finish_reason = "stop"
+        else:
+            delta = seq.detok.add_token(token)
+            seq.text += delta
+            seq.full_text += delta
+            if seq.detok.matched_stop is not None:
+                seq.finish_reason = "stop"
+            elif seq.grammar is not None and seq.grammar.is_terminated():
+                seq.finish_reason = "stop"
+            elif len(seq.output_ids) >= params.max_tokens:
+                seq.finish_reason = "length"
+        if seq.finished and seq.detok.matched_stop is None:
+            tail = seq.detok.flush()
+            seq.text += tail
+            seq.full_text += tail
+
+    def _logprob_entry(self, token: int, logprob: float, top) -> dict:
+        text = self.tokenizer.decode([token])
+        entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        if top:
+            for tid, lp in top:
+                t = self.tokenizer.decode([tid])
+                entry["top_logprobs"].append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))})
+        return entry
+
+    def _emit_delta(self, seq: Sequence, **extra) -> None:
+        out = RequestOutput(
+            "",
+            seq.index,
+            seq.text,
+            logprobs=seq.unsent_logprobs or None,
+            completion_tokens=len(seq.output_ids),
+            **extra,
+        )
+        seq.text = ""
+        seq.unsent_logprobs = []
+        seq.group.emit(out)
+
+    def _maybe_finish_group(self, group: SequenceGroup) -> None:
+        """Close finished candidates (each with its finish_reason); the last closure is final."""
+        if group.sent_final:
+            return
+        remaining = [s for s in group.sequences if not s.finished]
+        if group.buffered:
+            if remaining:
+                return
+            closing = sorted(group.sequences, key=lambda s: s.cum_logprob, reverse=True)[: group.params.n]
+            for new_index, seq in enumerate(closing):
+                seq.index = new_index
+        else:
+            closing = [s for s in group.sequences if s.finished and not s.closed]
+        for i, seq in enumerate(closing):
+            seq.closed = True
+            fields = {"finish_reason": seq.finish_reason, "stop_reason": seq.detok.matched_stop}
+            if self.postprocess is not None:
+                fields.update(self.postprocess(seq))
+            self._emit_delta(seq, final=not remaining and i == len(closing) - 1, **fields)
+        if not remaining:
+            self.stats.finished += 1
+
+    def _retire(self, seq: Sequence) -> None:
+        """Free the sequence's slot, moving the last row (and any prefill in progress) down."""
+        if seq not in self.decoding:
+            return
+        index = self.decoding.index(seq)
+        last = len(self.decoding) - 1
+        if index != last:
+            moved = self.decoding[last]
+            self.forward.cache.copy_slot(last, index, moved.kv_len)
+            moved.slot = index
+            self.decoding[index] = moved
+        self.decoding.pop()
+        if self.prefilling is not None and self.prefilling.prefilled > 0:
+            parent = self.prefilling.sequences[0]
+            self.forward.cache.copy_slot(parent.slot, len(self.decoding), parent.kv_len)
+            parent.slot = len(self.decoding)
+
+    def _generator(self, group: SequenceGroup, index: int) -> torch.Generator:
+        seed = group.params.seed
+        gen = torch.Generator()
+        # children of a seeded request get distinct but reproducible streams
+        gen.manual_seed((seed + index) % 2**63 if seed is not None else random.getrandbits(63))
+        return gen

@@ -1,0 +1,124 @@
+"""Request and candidate state inside the engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import EngineError
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestOutput:
+    """One event for the caller: a delta of one choice, its closure, or the request's end."""
+
+    request_id: str
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    final: bool = False  # no more outputs follow for this request
+    error: EngineError | None = None
+    stop_reason: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_output: Callable[[RequestOutput], None]
+    stream: bool = True
+    is_cancelled: Callable[[], bool] | None = None
+    images: list[Any] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+
+
+class Sequence:
+    """One candidate completion; occupies one KV slot while running."""
+
+    def __init__(self, group: "SequenceGroup", index: int, generator: torch.Generator, tokenizer) -> None:
+        self.group = group
+        self.index = index
+        self.params = group.request.params
+        self.prompt_ids = group.request.prompt_ids
+        self.output_ids: list[int] = []
+        self.generator = generator
+        self.detok = IncrementalDetokenizer(tokenizer, self.params.stop)
+        self.slot = -1
+        self.kv_len = 0  # positions whose K/V are in the cache
+        self.cum_logprob = 0.0
+        self.finish_reason: str | None = None
+        self.closed = False  # its closing output was sent
+        self.text = ""  # released, not yet sent
+        self.full_text = ""
+        self.unsent_logprobs: list[dict[str, Any]] = []
+        self.grammar: Any = None  # per-sequence grammar matcher, when constrained
+        self._counts: torch.Tensor | None = None
+        self._prompt_mask: torch.Tensor | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def token_counts(self, vocab: int) -> torch.Tensor:
+        if self._counts is None:
+            self._counts = torch.zeros(vocab)
+            if self.output_ids:
+                self._counts.index_add_(0, torch.tensor(self.output_ids), torch.ones(len(self.output_ids)))
+        return self._counts
+
+    def prompt_mask(self, vocab: int) -> torch.Tensor:
+        if self._prompt_mask is None:
+            self._prompt_mask = torch.zeros(vocab, dtype=torch.bool)
+            self._prompt_mask[torch.tensor(self.prompt_ids, dtype=torch.long)] = True
+        return self._prompt_mask
+
+    def record_token(self, token: int, logprob: float) -> None:
+        self.output_ids.append(token)
+        self.cum_logprob += logprob
+        if self._counts is not None:
+            self._counts[token] += 1
+
+    def fork(self, index: int, generator: torch.Generator, tokenizer) -> "Sequence":
+        child = Sequence(self.group, index, generator, tokenizer)
+        child.kv_len = self.kv_len
+        if self.grammar is not None:
+            child.grammar = self.grammar.fork()
+        return child
+
+
+class SequenceGroup:
+    """All candidates of one request (n / best_of), sharing one prefill."""
+
+    def __init__(self, request: EngineRequest) -> None:
+        self.request = request
+        self.sequences: list[Sequence] = []
+        self.prefilled = 0  # prompt tokens already in the cache
+        self.first_token_at: float | None = None
+        self.sent_final = False
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def buffered(self) -> bool:
+        """best_of > n: candidates are ranked at the end, so nothing is streamed."""
+        return (self.params.best_of or 1) > self.params.n
+
+    def emit(self, output: RequestOutput) -> None:
+        output.request_id = self.request.request_id
+        output.prompt_tokens = len(self.request.prompt_ids)
+        if output.final:
+            self.sent_final = True
+        self.request.on_output(output)

@@ -1,0 +1,1 @@
+"""Request contracts: strict pydantic schemas that turn wire JSON into a `GenerationRequest`."""

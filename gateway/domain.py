@@ -1,0 +1,135 @@
+"""Wire-neutral request and event types shared by contracts, router, Triton client and renderers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: str  # "json_schema" | "regex" | "ebnf" | "json_object"
+    value: Any  # schema dict for json_schema/json_object, str otherwise
+    label: str | None = None
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    data: bytes  # decoded bytes
+    format: str  # e.g. "png", "jpeg"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated generation request, independent of the HTTP contract it came from."""
+
+    model: str  # as the client wrote it (canonical or SIE-safe); resolved by the registry
+    max_tokens: int
+    max_tokens_param: str  # the field that set max_tokens (for context_exceeded errors)
+    prompt: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
+    best_of: int | None = None
+    lora_adapter: str | None = None
+    grammar: GrammarSpec | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = False
+    images: tuple[ImageInput, ...] = ()
+    routing_key: str | None = None
+    prompt_cache_key: str | None = None
+    options: dict[str, Any] | None = None
+    profile: str | None = None  # "model:profile" suffix
+    # Request path of the first image (`images` or `messages[i].content[j].type`), so a model
+    # without image input can name the field at fault.
+    image_param: str | None = None
+
+    def sampling_parameters(self) -> dict[str, Any]:
+        """The JSON `sampling_parameters` tensor for the Triton model (see docs/triton-contract.md)."""
+        params: dict[str, Any] = {"max_tokens": self.max_tokens, "n": self.n}
+        optional = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_tokens": self.min_tokens,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "best_of": self.best_of,
+            "lora_adapter": self.lora_adapter,
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "chat_template_kwargs": self.chat_template_kwargs,
+        }
+        params.update({k: v for k, v in optional.items() if v is not None})
+        if self.logit_bias:
+            params["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.logprobs:
+            params["logprobs"] = True
+            params["top_logprobs"] = self.top_logprobs
+        if self.grammar is not None:
+            params["grammar"] = {
+                "kind": self.grammar.kind,
+                "value": self.grammar.value,
+                "label": self.grammar.label,
+                "strict": self.grammar.strict,
+            }
+        if self.tools:
+            params["tools"] = list(self.tools)
+        if self.include_reasoning:
+            params["include_reasoning"] = True
+        return params
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class GenerationEvent:
+    """One response from the model: a text delta for one choice, possibly closing it."""
+
+    index: int
+    text: str
+    finish_reason: str | None = None  # set when this choice is finished
+    logprobs: list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # complete calls (on the closing event)
+    reasoning: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # completion tokens of this choice so far (on the closing event)
+    stop_reason: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    """Accumulated outcome of one request (blocking paths)."""
+
+    choices: dict[int, dict[str, Any]]
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None
+    tpot_ms: float | None

@@ -1,0 +1,176 @@
+"""One exception tree for the gateway; each class knows its HTTP status and contract code.
+
+Handlers raise; `gateway.app` turns any `GatewayError` into the OpenAI-style envelope
+`{"error": {message, type, param, code}}` plus `X-SIE-Error-Code` (and `Retry-After` when set).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str = "inference_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.retry_after = retry_after
+        self.extra = extra or {}
+
+    def body(self) -> dict[str, Any]:
+        err: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
+        }
+        err.update(self.extra)
+        return {"error": err}
+
+    def headers(self) -> dict[str, str]:
+        headers = {"X-SIE-Error-Code": self.code}
+        if self.retry_after is not None:
+            headers["Retry-After"] = _format_retry_after(self.retry_after)
+        return headers
+
+
+def _format_retry_after(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class UnsupportedField(InvalidRequest):
+    code = "unsupported_field"
+
+
+class UnknownLoraAdapter(InvalidRequest):
+    code = "unknown_lora_adapter"
+
+
+class ContextExceeded(GatewayError):
+    status = 400
+    type = "context_length_exceeded"
+    code = "context_exceeded"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "model_not_found"
+    code = "model_not_found"
+
+
+class NotFound(GatewayError):
+    """A routing target (pool) that does not exist."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "UNAUTHORIZED"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ServerMisconfigured(GatewayError):
+    status = 500
+    type = "server_error"
+    code = "GATEWAY_AUTH_MISCONFIGURED"
+
+
+class Unavailable(GatewayError):
+    """Retryable capacity errors: MODEL_LOADING, QUEUE_FULL, PROVISIONING, transport_failure."""
+
+    status = 503
+    type = "server_error"
+    code = "transport_failure"
+
+    def __init__(self, message: str, *, retry_after: float | None = 5, **kw: Any) -> None:
+        super().__init__(message, retry_after=retry_after, **kw)
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "server_error"
+    code = "overall_timeout"
+
+
+class MalformedWorkerResponse(GatewayError):
+    status = 500
+    type = "server_error"
+    code = "malformed_worker_response"
+
+
+class WorkerError(GatewayError):
+    """A terminal error reported by the model (engine) for one request."""
+
+    status = 500
+    type = "server_error"
+    code = "inference_error"
+
+
+# Worker codes -> (HTTP status, OpenAI type), used on blocking paths and in SSE error events.
+WORKER_CODE_STATUS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "unsupported_field": (400, "invalid_request_error"),
+    "grammar_invalid": (400, "invalid_request_error"),
+    "grammar_compile_failed": (400, "invalid_request_error"),
+    "unknown_lora_adapter": (400, "invalid_request_error"),
+    "context_exceeded": (400, "context_length_exceeded"),
+    "cancelled": (408, "server_error"),
+    "rate_limit_exceeded": (429, "rate_limit_error"),
+    "QUEUE_FULL": (503, "server_error"),
+    "MODEL_LOADING": (503, "server_error"),
+    "RESOURCE_EXHAUSTED": (503, "server_error"),
+    "transport_failure": (503, "server_error"),
+    "MODEL_OUTPUT_PARSE_ERROR": (500, "server_error"),
+}
+
+
+def worker_error(code: str, message: str, param: str | None = None) -> GatewayError:
+    """Build the gateway error for a worker-reported code (unknown codes → 500 inference_error)."""
+    status, typ = WORKER_CODE_STATUS.get(code, (500, "server_error"))
+    if code not in WORKER_CODE_STATUS and code != "malformed_worker_response":
+        code = "inference_error"
+    err = WorkerError(message, param=param, code=code, status=status)
+    err.type = typ
+    if status == 503:
+        err.retry_after = 1 if code == "QUEUE_FULL" else 5
+    elif status == 429:
+        err.retry_after = 1
+    return err

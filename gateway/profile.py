@@ -1,0 +1,59 @@
+"""What the gateway knows about a served model: its profile, read from the Triton model config."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def sie_safe_id(canonical: str) -> str:
+    """`org/name` -> `org__name` (the SIE-safe form used in URL paths)."""
+    return canonical.replace("/", "__")
+
+
+def canonical_id(sie_id: str) -> str:
+    """`org__name` -> `org/name`; `_dot_` -> `.` (the SDK leaves dots alone, so both work)."""
+    return sie_id.replace("__", "/").replace("_dot_", ".")
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str  # canonical id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct
+    triton_model: str  # Triton model name in the repository
+    max_output_tokens: int = 4096
+    context_length: int = 8192
+    lora_adapters: frozenset[str] = frozenset()
+    image_input: bool = False
+    grammar_kinds: frozenset[str] = frozenset()
+    reasoning: bool = False
+    streaming: bool = True
+    machine_profiles: frozenset[str] = frozenset({"default"})
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sie_id(self) -> str:
+        return sie_safe_id(self.name)
+
+    @classmethod
+    def from_triton_config(cls, triton_model: str, parameters: dict[str, str]) -> "ModelProfile":
+        """Build a profile from a model config's `parameters` (string values, as Triton stores them)."""
+
+        def csv(key: str) -> frozenset[str]:
+            raw = parameters.get(key, "")
+            return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+        lora = json.loads(parameters.get("lora_paths") or "{}")
+        return cls(
+            name=parameters.get("served_name") or triton_model,
+            triton_model=triton_model,
+            max_output_tokens=int(parameters.get("max_output_tokens", "4096")),
+            context_length=int(parameters.get("context_length", "8192")),
+            lora_adapters=frozenset(lora),
+            image_input=parameters.get("image_input", "false").lower() == "true",
+            grammar_kinds=csv("grammar_kinds"),
+            reasoning=parameters.get("reasoning", "false").lower() == "true",
+            streaming=parameters.get("streaming", "true").lower() == "true",
+            machine_profiles=csv("machine_profiles") or frozenset({"default"}),
+            default_sampling=json.loads(parameters.get("default_sampling") or "{}"),
+        )
