@@ -40,11 +40,15 @@ ERROR_CODES = {  # engine code -> Triton error code (gRPC status the gateway als
 
 
 def _input_str(request, name: str) -> str | None:
+    """First element of a BYTES tensor, as UTF-8 text."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
     value = tensor.as_numpy().reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        raise EngineError("invalid_request", f"{name} is not valid UTF-8", name) from None
 
 
 def _input_bool(request, name: str) -> bool:
@@ -154,6 +158,7 @@ class TritonPythonModel:
             pb_utils.Tensor(
                 "logprobs", np.array([json.dumps(out.logprobs).encode() if out.logprobs else b""], dtype=np.object_)
             ),
+            pb_utils.Tensor("is_final", np.array([out.final], dtype=np.bool_)),
             pb_utils.Tensor("extras", np.array([json.dumps(extras).encode() if extras else b""], dtype=np.object_)),
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -160,9 +160,11 @@ def _valid_chat(body: Any) -> bool:
     if not isinstance(body, dict) or not isinstance(body.get("usage"), dict):
         return False
     choices = body.get("choices")
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return False
-    message = choices[0].get("message") or {}
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return False
     return isinstance(message.get("content"), str) or bool(message.get("tool_calls"))
 
 

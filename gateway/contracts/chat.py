@@ -40,8 +40,14 @@ REJECTED_KEYS: dict[str, str] = {
     **{
         key: _OUT_OF_SCOPE
         for key in (
-            "modalities", "audio", "metadata", "store", "service_tier",
-            "prediction", "reasoning_effort", "verbosity",
+            "modalities",
+            "audio",
+            "metadata",
+            "store",
+            "service_tier",
+            "prediction",
+            "reasoning_effort",
+            "verbosity",
         )
     },
 }
@@ -93,9 +99,7 @@ class ResponseFormat(ContractModel):
     @classmethod
     def _known_type(cls, value: str) -> str:
         if value not in ("text", "json_object", "json_schema"):
-            raise violation(
-                "must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED
-            )
+            raise violation("must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED)
         return value
 
     @model_validator(mode="after")
@@ -109,9 +113,7 @@ class ResponseFormat(ContractModel):
             return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object")
         if self.type == "json_schema" and self.json_schema is not None:
             spec = self.json_schema
-            return GrammarSpec(
-                kind="json_schema", value=spec.schema_, label=spec.name, strict=bool(spec.strict)
-            )
+            return GrammarSpec(kind="json_schema", value=spec.schema_, label=spec.name, strict=bool(spec.strict))
         return None
 
 
@@ -127,14 +129,12 @@ class ChatTemplateKwargs(ContractModel):
 def _tool_choice(value: Any) -> Any:
     if isinstance(value, str) and value in ("auto", "none", "required"):
         return value
-    if isinstance(value, dict) and set(value) == {"type", "function"}:
+    if isinstance(value, dict) and set(value) == {"type", "function"} and value["type"] == "function":
         fn = value["function"]
-        if value["type"] == "function" and isinstance(fn, dict) and set(fn) == {"name"}:
-            if isinstance(fn["name"], str) and fn["name"]:
-                return {"type": "function", "function": {"name": fn["name"]}}
+        if isinstance(fn, dict) and set(fn) == {"name"} and isinstance(fn["name"], str) and fn["name"]:
+            return {"type": "function", "function": {"name": fn["name"]}}
     raise violation(
-        "must be 'auto', 'none', 'required' or an object naming a function "
-        "(type 'function', function.name)"
+        "must be 'auto', 'none', 'required' or an object naming a function (type 'function', function.name)"
     )
 
 
@@ -174,7 +174,8 @@ class ChatCompletionRequest(ContractModel):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     stop: Annotated[
-        Any, AfterValidator(lambda v: stop_sequences(v, allow_string=True)),
+        Any,
+        AfterValidator(lambda v: stop_sequences(v, allow_string=True)),
         WithJsonSchema(STOP_SCHEMA),
     ] = None
     n: Candidates | None = None
@@ -182,15 +183,11 @@ class ChatCompletionRequest(ContractModel):
     seed: Seed | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    logit_bias: Annotated[
-        Any, AfterValidator(logit_bias_map), WithJsonSchema(LOGIT_BIAS_SCHEMA)
-    ] = None
+    logit_bias: Annotated[Any, AfterValidator(logit_bias_map), WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
-    tool_choice: Annotated[
-        Any, AfterValidator(_tool_choice), WithJsonSchema(_TOOL_CHOICE_SCHEMA)
-    ] = None
+    tool_choice: Annotated[Any, AfterValidator(_tool_choice), WithJsonSchema(_TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
@@ -218,7 +215,10 @@ class ChatCompletionRequest(ContractModel):
                 if seen > MAX_IMAGES:
                     raise violation(
                         f"exceeds the limit of {MAX_IMAGES} images per request",
-                        "messages", i, "content", j,
+                        "messages",
+                        i,
+                        "content",
+                        j,
                     )
 
     def _check_candidates(self) -> None:
@@ -255,7 +255,9 @@ class ChatCompletionRequest(ContractModel):
         else:
             max_tokens, max_param = default_max_tokens, "max_completion_tokens"
         images = [(i, j, img) for i, m in enumerate(self.messages) for j, img in m.images]
+        image_param = f"messages[{images[0][0]}].content[{images[0][1]}].type" if images else None
         stream = bool(self.stream)
+        usage = bool(self.stream_options and self.stream_options.include_usage)
         return GenerationRequest(
             model=self.model,
             max_tokens=max_tokens,
@@ -263,7 +265,7 @@ class ChatCompletionRequest(ContractModel):
             messages=tuple(m.as_dict() for m in self.messages),
             stream=stream,
             # stream_options is legal but ignored on blocking requests.
-            include_usage=stream and bool(self.stream_options and self.stream_options.include_usage),
+            include_usage=stream and usage,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -284,21 +286,17 @@ class ChatCompletionRequest(ContractModel):
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls,
             chat_template_kwargs=(
-                self.chat_template_kwargs.model_dump(exclude_none=True) or None
-                if self.chat_template_kwargs
-                else None
+                self.chat_template_kwargs.model_dump(exclude_none=True) or None if self.chat_template_kwargs else None
             ),
             include_reasoning=bool(self.include_reasoning),
             images=tuple(img for _, _, img in images),
-            image_param=f"messages[{images[0][0]}].content[{images[0][1]}].type" if images else None,
+            image_param=image_param,
             routing_key=self.routing_key,
             prompt_cache_key=self.prompt_cache_key,
         )
 
 
-def parse_chat_request(
-    body: Any, *, default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> GenerationRequest:
+def parse_chat_request(body: Any, *, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> GenerationRequest:
     """Validate a decoded chat body; raises `InvalidRequest` / `UnsupportedField` on violations."""
     request = validate_body(ChatCompletionRequest, body)
     return request.to_generation_request(default_max_tokens)

@@ -107,8 +107,7 @@ class ChatMessage(ContractModel):
         if content is None:
             if self.role == "assistant" and self.tool_calls:
                 return
-            raise violation("is required (null only on assistant messages with tool_calls)",
-                            "content")
+            raise violation("is required (null only on assistant messages with tool_calls)", "content")
         if isinstance(content, str):
             self._text = content
             return
@@ -131,7 +130,10 @@ class ChatMessage(ContractModel):
             else:
                 raise violation(
                     "is not supported; use 'text', 'input_text', 'image_url' or 'input_image'",
-                    "content", j, "type", code=UNSUPPORTED,
+                    "content",
+                    j,
+                    "type",
+                    code=UNSUPPORTED,
                 )
         self._text = "".join(texts)
 

@@ -13,7 +13,15 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from gateway.errors import GatewayError, InvalidRequest, UnsupportedField
@@ -29,9 +37,7 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 PathPart = str | int
 
 
-def violation(
-    rule: str, *suffix: PathPart, code: str = INVALID, message: str | None = None
-) -> PydanticCustomError:
+def violation(rule: str, *suffix: PathPart, code: str = INVALID, message: str | None = None) -> PydanticCustomError:
     """A contract error for a validator to raise.
 
     `rule` completes the sentence "'<param>' ..."; `suffix` is appended to the validator's own
@@ -185,7 +191,11 @@ Temperature = Annotated[float, Field(ge=0)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 TopK = Annotated[int, Field(ge=1)]
-Seed = Annotated[int, AfterValidator(_check_i64)]
+Seed = Annotated[
+    int,
+    AfterValidator(_check_i64),
+    WithJsonSchema({"type": "integer", "minimum": I64_MIN, "maximum": I64_MAX}),
+]
 TopLogprobs = Annotated[int, Field(ge=0, le=20)]
 
 
@@ -229,9 +239,7 @@ def logit_bias_map(value: Any) -> dict[int, float] | None:
     return out or None
 
 
-STOP_SCHEMA: dict[str, Any] = {
-    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
-}
+STOP_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
 LOGIT_BIAS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},

@@ -110,9 +110,7 @@ class NativeGrammar(ContractModel):
 
     def to_spec(self) -> GrammarSpec:
         kind = next(kind for kind in GRAMMAR_KINDS if getattr(self, kind) is not None)
-        return GrammarSpec(
-            kind=kind, value=getattr(self, kind), label=self.label, strict=bool(self.strict)
-        )
+        return GrammarSpec(kind=kind, value=getattr(self, kind), label=self.label, strict=bool(self.strict))
 
 
 class DefaultSampling(ContractModel):
@@ -132,8 +130,7 @@ Timeout = Annotated[float, Field(gt=0, lt=2**64)]
 
 def _stop_tokens(value: Any) -> list[Any]:
     if not isinstance(value, list) or not all(
-        (is_number(t) and isinstance(t, int) and t >= 0) or (isinstance(t, str) and t != "")
-        for t in value
+        (is_number(t) and isinstance(t, int) and t >= 0) or (isinstance(t, str) and t != "") for t in value
     ):
         raise violation("must be an array of token ids or non-empty strings")
     return value
@@ -147,7 +144,11 @@ class GenerateOptions(ContractModel):
 
     profile: str | None = None
     default_sampling: DefaultSampling | None = None
-    stop_tokens: Annotated[Any, AfterValidator(_stop_tokens)] = None
+    stop_tokens: Annotated[
+        Any,
+        AfterValidator(_stop_tokens),
+        WithJsonSchema({"type": "array", "items": {"type": ["integer", "string"]}}),
+    ] = None
     first_chunk_timeout_s: Timeout | None = None
     inter_chunk_timeout_s: Timeout | None = None
     overall_timeout_s: Timeout | None = None
@@ -201,15 +202,14 @@ class GenerateRequest(ContractModel):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stop: Annotated[
-        Any, AfterValidator(lambda v: stop_sequences(v, allow_string=False)),
+        Any,
+        AfterValidator(lambda v: stop_sequences(v, allow_string=False)),
         WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1}}),
     ] = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
-    logit_bias: Annotated[
-        Any, AfterValidator(logit_bias_map), WithJsonSchema(LOGIT_BIAS_SCHEMA)
-    ] = None
+    logit_bias: Annotated[Any, AfterValidator(logit_bias_map), WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     stream: bool | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
@@ -223,8 +223,7 @@ class GenerateRequest(ContractModel):
                         "",
                         field,
                         code=UNSUPPORTED,
-                        message=f"'{field}' is supported only with 'stream: true' "
-                        "on the native endpoint",
+                        message=f"'{field}' is supported only with 'stream: true' on the native endpoint",
                     )
         if self.top_logprobs and not self.logprobs:
             raise violation("requires 'logprobs: true'", "top_logprobs")
@@ -232,7 +231,9 @@ class GenerateRequest(ContractModel):
         if sampling.min_new_tokens is not None and sampling.min_new_tokens > self.max_new_tokens:
             raise violation(
                 "must not exceed 'max_new_tokens'",
-                "options", "default_sampling", "min_new_tokens",
+                "options",
+                "default_sampling",
+                "min_new_tokens",
             )
         return self
 

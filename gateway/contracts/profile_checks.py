@@ -17,9 +17,7 @@ def check_against_profile(req: GenerationRequest, profile: ModelProfile) -> None
     """
     _check_lora(req, profile)
     if req.stream and not profile.streaming:
-        raise UnsupportedField(
-            f"model '{profile.name}' does not support 'stream: true'", param="stream"
-        )
+        raise UnsupportedField(f"model '{profile.name}' does not support 'stream: true'", param="stream")
     if req.images and not profile.image_input:
         raise UnsupportedField(
             f"model '{profile.name}' does not accept image input",
@@ -34,8 +32,7 @@ def check_against_profile(req: GenerationRequest, profile: ModelProfile) -> None
         )
     if req.min_tokens is not None and req.min_tokens > req.max_tokens:
         raise InvalidRequest(
-            f"'min_tokens' ({req.min_tokens}) must not exceed '{req.max_tokens_param}' "
-            f"({req.max_tokens})",
+            f"'min_tokens' ({req.min_tokens}) must not exceed '{req.max_tokens_param}' ({req.max_tokens})",
             param="min_tokens",
         )
 
@@ -56,6 +53,4 @@ def _check_grammar(req: GenerationRequest, profile: ModelProfile) -> None:
         return
     # Chat requests (messages) express grammars through response_format.
     param = "response_format" if req.messages is not None else f"grammar.{kind}"
-    raise UnsupportedField(
-        f"model '{profile.name}' does not support '{kind}' constrained output", param=param
-    )
+    raise UnsupportedField(f"model '{profile.name}' does not support '{kind}' constrained output", param=param)

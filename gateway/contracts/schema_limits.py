@@ -1,4 +1,4 @@
-"""JSON Schema safety walker (section 2.3): size/depth/node limits, refused keywords, `$ref` inlining.
+"""JSON Schema safety walker (section 2.3): limits, refused keywords, `$ref` inlining.
 
 Used for native `grammar.json_schema`, chat `response_format.json_schema.schema` and tool
 `parameters`. Grammar compilers cost time and memory proportional to the schema, so the gateway
@@ -90,16 +90,17 @@ class _Walker:
         self.inline = inline
         self.nodes = 0
 
-    def _count(self, depth: int) -> None:
+    def _count(self, depth: int, *, container: bool = True) -> None:
+        """Count one node; `depth` is the nesting of objects/arrays (scalars add no level)."""
         self.nodes += 1
         if self.nodes > MAX_SCHEMA_NODES:
             raise SchemaRejected(INVALID, f"must have at most {MAX_SCHEMA_NODES} nodes")
-        if depth > MAX_SCHEMA_DEPTH:
+        if container and depth > MAX_SCHEMA_DEPTH:
             raise SchemaRejected(INVALID, f"must nest at most {MAX_SCHEMA_DEPTH} levels deep")
 
     def data(self, value: Any, depth: int) -> Any:
         """Copy a non-schema value, counting its nodes."""
-        self._count(depth)
+        self._count(depth, container=isinstance(value, (dict, list)))
         if isinstance(value, dict):
             return {k: self.data(v, depth + 1) for k, v in value.items()}
         if isinstance(value, list):
@@ -110,14 +111,12 @@ class _Walker:
         if not isinstance(node, dict):
             if isinstance(node, list):  # e.g. items of allOf that are themselves arrays
                 return self.data(node, depth)
-            self._count(depth)
+            self._count(depth, container=False)
             return node
         self._count(depth)
         forbidden = sorted(k for k in node if k in FORBIDDEN_KEYWORDS)
         if forbidden:
-            raise SchemaRejected(
-                UNSUPPORTED, f"uses unsupported JSON Schema keyword '{forbidden[0]}'"
-            )
+            raise SchemaRejected(UNSUPPORTED, f"uses unsupported JSON Schema keyword '{forbidden[0]}'")
         if "$ref" in node:
             return self._ref(node, depth, active)
         return self._members(node, depth, active)
@@ -142,9 +141,7 @@ class _Walker:
         if not isinstance(ref, str):
             raise SchemaRejected(INVALID, "has a non-string $ref")
         if ref != "#" and not ref.startswith("#/"):
-            raise SchemaRejected(
-                UNSUPPORTED, f"uses an external or non-pointer $ref '{_short(ref)}'"
-            )
+            raise SchemaRejected(UNSUPPORTED, f"uses an external or non-pointer $ref '{_short(ref)}'")
         target = self._resolve(ref)
         siblings = {k: v for k, v in node.items() if k != "$ref"}
         if not self.inline:

@@ -1,0 +1,54 @@
+"""Gunicorn settings for the gateway, shared by `make serve` and the gateway image.
+
+    gunicorn -c docker/gunicorn.conf.py gateway.asgi:app
+
+Environment (read here only; the app reads its own settings once at start):
+GATEWAY_HOST (0.0.0.0), GATEWAY_PORT (8080), GATEWAY_WORKERS (2), GATEWAY_GRACEFUL_TIMEOUT (30 s),
+GATEWAY_KEEPALIVE (75 s), GATEWAY_LOG_LEVEL (info), GATEWAY_ACCESS_LOG (off; 1/true to log request lines).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _int_env(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    value = int(raw) if raw else default
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+bind = [f"{os.environ.get('GATEWAY_HOST', '0.0.0.0')}:{_int_env('GATEWAY_PORT', 8080, 1)}"]
+worker_class = "uvicorn_worker.UvicornWorker"
+workers = _int_env("GATEWAY_WORKERS", 2, 1)
+
+# Each worker opens its own gRPC channel to Triton after the fork: importing the app in the master
+# first would share grpc state across processes, which grpc does not support.
+preload_app = False
+
+# On SIGTERM, in-flight streams get this long to finish before the worker is killed.
+graceful_timeout = _int_env("GATEWAY_GRACEFUL_TIMEOUT", 30, 1)
+# The worker heartbeat; an async worker misses it only if its event loop is blocked this long.
+timeout = 60
+# Idle keep-alive (uvicorn's timeout_keep_alive): longer than a typical load balancer's idle
+# timeout, so the balancer, not the gateway, closes idle connections and never races a reuse.
+keepalive = _int_env("GATEWAY_KEEPALIVE", 75, 1)
+# Never recycle workers by request count: a recycle would cut streams short.
+max_requests = 0
+
+# Access log off unless asked; when on, uvicorn logs the request line only (client, method, path,
+# status): never bodies or headers, so no prompt and no bearer token reaches the log.
+accesslog = "-" if os.environ.get("GATEWAY_ACCESS_LOG", "").lower() in {"1", "true", "yes", "on"} else None
+errorlog = "-"
+loglevel = os.environ.get("GATEWAY_LOG_LEVEL", "info").lower()
+proc_name = "sie-gateway"
+# Gunicorn >= 25.1 opens a control socket at one fixed per-user path ($HOME/.gunicorn/gunicorn.ctl),
+# so a second gateway on the machine (e2e tests beside `make serve`) would collide on it; unused here.
+control_socket_disable = True
+
+# The heartbeat file lives in RAM where there is one: a slow overlay filesystem (containers) can
+# stall the heartbeat write and get healthy workers killed.
+if os.path.isdir("/dev/shm"):
+    worker_tmp_dir = "/dev/shm"

@@ -1,0 +1,129 @@
+"""App factory: wires settings, registry, service, resources and the error envelope."""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+import falcon.asgi
+import orjson
+
+from gateway.disconnect import DisconnectAware
+from gateway.errors import GatewayError
+from gateway.metrics import IN_FLIGHT, LATENCY, REQUESTS
+from gateway.middleware import RequestContextMiddleware
+from gateway.openapi_doc import build_openapi
+from gateway.registry import ModelRegistry
+from gateway.resources.chat import ChatCompletionsResource
+from gateway.resources.generate import GenerateResource
+from gateway.resources.health import (HealthResource, MetricsResource, ModelsResource, OpenAPIResource,
+                                      ReadyResource)
+from gateway.service import GenerationService
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_ROUTE_NAMES = {"/v1/chat/completions": "chat"}
+
+
+def _route(path: str) -> str:
+    return "generate" if path.startswith("/v1/generate/") else _ROUTE_NAMES.get(path, "other")
+
+
+def _write_error(req, resp, error: GatewayError) -> None:
+    resp.status = error.status
+    resp.content_type = "application/json"
+    resp.data = orjson.dumps(error.body())
+    for name, value in error.headers().items():
+        resp.set_header(name, value)
+
+
+async def _gateway_error(req, resp, ex: GatewayError, params) -> None:
+    _write_error(req, resp, ex)
+
+
+async def _http_error(req, resp, ex: falcon.HTTPError, params) -> None:
+    status = ex.status_code
+    error = GatewayError(ex.title or "error", code="invalid_request" if status < 500 else "inference_error",
+                         status=status)
+    error.type = "invalid_request_error" if status < 500 else "server_error"
+    _write_error(req, resp, error)
+    for name, value in (ex.headers or {}).items():
+        resp.set_header(name, value)
+
+
+async def _unexpected(req, resp, ex: Exception, params) -> None:
+    log.exception("unhandled error on %s (request %s)", req.path, getattr(req.context, "request_id", "?"))
+    _write_error(req, resp, GatewayError("internal server error"))
+
+
+class _Observe:
+    """Request counters and latency by route/status/model (the model is known after resolution)."""
+
+    async def process_request(self, req, resp) -> None:
+        IN_FLIGHT.labels(route=_route(req.path)).inc()
+
+    async def process_response(self, req, resp, resource, req_succeeded) -> None:
+        route = _route(req.path)
+        IN_FLIGHT.labels(route=route).dec()
+        model = getattr(req.context, "model", "") or ""
+        REQUESTS.labels(route=route, status=resp.status_code if hasattr(resp, "status_code") else resp.status,
+                        model=model).inc()
+
+
+def create_app(settings: Settings, registry: ModelRegistry | None = None) -> falcon.asgi.App:
+    registry = registry or ModelRegistry(settings)
+    service = GenerationService(settings, registry)
+    app = falcon.asgi.App(middleware=[_Observe(), RequestContextMiddleware(settings)])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))
+    generate = GenerateResource(settings, service)
+    app.add_route("/v1/generate/{model}", generate)
+    app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate/")
+    app.add_route("/healthz", HealthResource())
+    app.add_route("/readyz", ReadyResource(registry))
+    app.add_route("/v1/models", ModelsResource(registry))
+    app.add_route("/metrics", MetricsResource())
+    app.add_route("/openapi.json", OpenAPIResource(build_openapi()))
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(falcon.HTTPError, _http_error)
+    app.add_error_handler(GatewayError, _gateway_error)
+
+    async def startup() -> None:
+        registry.start()
+
+    async def shutdown() -> None:
+        await registry.stop()
+
+    app.add_middleware(_Lifespan(startup, shutdown))
+    return app
+
+
+def _generate_sink(resource: GenerateResource):
+    """The path is a catch-all: `/v1/generate/a/b` and empty ids must reach the resource's 400s."""
+
+    async def sink(req, resp, **_: str) -> None:
+        if req.method != "POST":
+            raise falcon.HTTPMethodNotAllowed(["POST"])
+        await resource.on_post(req, resp)
+
+    return sink
+
+
+class _Lifespan:
+    def __init__(self, startup, shutdown) -> None:
+        self._startup, self._shutdown = startup, shutdown
+
+    async def process_startup(self, scope, event) -> None:
+        await self._startup()
+
+    async def process_shutdown(self, scope, event) -> None:
+        await self._shutdown()
+
+
+def create_asgi(settings: Settings | None = None):
+    """The served ASGI callable: the Falcon app behind the disconnect tracker."""
+    return DisconnectAware(create_app(settings or Settings.from_env()))
+
+
+

@@ -1,0 +1,43 @@
+"""Bearer / x-api-key authentication for the inference routes (sie-contract.md 1.6, Decision 2)."""
+
+from __future__ import annotations
+
+import hmac
+
+from gateway.errors import ServerMisconfigured, Unauthorized
+from gateway.settings import Settings
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/metrics", "/"})
+ENABLED_MODES = frozenset({"token", "static"})
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    value = header.strip()
+    if value[:7].lower() == "bearer ":
+        value = value[7:].strip()
+    return value or None
+
+
+class Authenticator:
+    def __init__(self, settings: Settings) -> None:
+        self.mode = settings.auth_mode
+        self.tokens = [t.encode() for t in settings.auth_tokens]
+
+    def check(self, path: str, authorization: str | None, api_key: str | None) -> None:
+        if path in OPEN_PATHS or self.mode == "none":
+            return
+        if self.mode not in ENABLED_MODES or not self.tokens:
+            raise ServerMisconfigured("Gateway auth enabled but no tokens configured")
+        presented = [t for t in (_bearer(authorization), (api_key or "").strip() or None) if t]
+        if not presented:
+            raise Unauthorized("Missing Authorization header")
+        for token in presented:
+            # compare against every configured token, in constant time per comparison
+            matched = False
+            for known in self.tokens:
+                matched |= hmac.compare_digest(token.encode(), known)
+            if matched:
+                return
+        raise Unauthorized("Invalid token")

@@ -1,0 +1,28 @@
+"""Prometheus metrics of the gateway (multi-process aware under gunicorn via PROMETHEUS_MULTIPROC_DIR)."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
+
+REQUESTS = Counter("sie_gateway_requests_total", "HTTP requests", ["route", "status", "model"])
+LATENCY = Histogram(
+    "sie_gateway_request_latency_seconds", "Request latency (to last byte)", ["route", "model"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+TTFT = Histogram(
+    "sie_gateway_ttft_seconds", "Time to first model event", ["route", "model"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+IN_FLIGHT = Gauge("sie_gateway_in_flight_requests", "Requests in flight", ["route"], multiprocess_mode="livesum")
+UPSTREAM_ERRORS = Counter("sie_gateway_upstream_errors_total", "Errors from Triton", ["code"])
+
+
+def render_metrics() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

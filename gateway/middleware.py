@@ -1,0 +1,38 @@
+"""Per-request plumbing: request id, SIE headers on every response, auth before the body is read."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from gateway.auth import Authenticator
+from gateway.settings import Settings
+
+log = logging.getLogger("gateway.requests")
+_SDK_VERSION = re.compile(r"^(\d+)\.(\d+)")
+
+
+class RequestContextMiddleware:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.auth = Authenticator(settings)
+        self._warned_versions: set[str] = set()
+
+    async def process_request(self, req, resp) -> None:
+        req.context.request_id = uuid.uuid4().hex
+        resp.set_header("X-SIE-Request-ID", req.context.request_id)
+        resp.set_header("X-SIE-Server-Version", self.settings.server_version)
+        self._check_sdk_version(req.get_header("X-SIE-SDK-Version"))
+        self.auth.check(req.path, req.get_header("Authorization"), req.get_header("x-api-key"))
+
+    def _check_sdk_version(self, version: str | None) -> None:
+        """Skew is advisory: log once per distinct version (bounded), never reject."""
+        if not version or version in self._warned_versions or len(self._warned_versions) >= 64:
+            return
+        self._warned_versions.add(version)
+        ours, theirs = _SDK_VERSION.match(self.settings.server_version), _SDK_VERSION.match(version)
+        if theirs is None or ours is None or ours.groups()[0] != theirs.groups()[0] or \
+                abs(int(ours.groups()[1]) - int(theirs.groups()[1])) > 1:
+            log.warning("client SDK version %s differs from gateway contract version %s",
+                        version[:32], self.settings.server_version)

@@ -1,0 +1,94 @@
+"""The OpenAPI document of both contracts, generated from the same pydantic models that validate them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.contracts.chat import ChatCompletionRequest
+from gateway.contracts.generate import GenerateRequest
+from gateway.settings import VERSION
+
+_REF = "#/components/schemas/{model}"
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
+}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    return {str(s): {"description": "Error", "content": {"application/json": {"schema": ref}}} for s in statuses}
+
+
+def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    components.update(schema.pop("$defs", {}))
+    return schema
+
+
+def build_openapi() -> dict[str, Any]:
+    components: dict[str, Any] = {"ErrorResponse": _ERROR}
+    components["ChatCompletionRequest"] = _hoist(ChatCompletionRequest.model_json_schema(ref_template=_REF), components)
+    components["GenerateRequest"] = _hoist(GenerateRequest.model_json_schema(ref_template=_REF), components)
+    sse = {"text/event-stream": {"schema": {"type": "string"}}}
+    headers = [
+        {"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
+        for h in ("X-SIE-MACHINE-PROFILE", "X-SIE-Pool", "X-SIE-SDK-Version")
+    ]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "SIE gateway on Triton", "version": VERSION},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+        "security": [{"bearer": []}, {"apiKey": []}, {}],
+        "paths": {
+            "/v1/chat/completions": {
+                "post": {
+                    "operationId": "chatCompletions",
+                    "parameters": headers,
+                    "requestBody": {"required": True, "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}},
+                    "responses": {
+                        "200": {"description": "chat.completion, or chat.completion.chunk SSE when stream is true",
+                                "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
+                        **_errors(400, 401, 404, 413, 500, 503),
+                    },
+                }
+            },
+            "/v1/generate/{model}": {
+                "post": {
+                    "operationId": "generate",
+                    "parameters": [
+                        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}},
+                        *headers,
+                        {"name": "X-SIE-Remote", "in": "header", "required": False,
+                         "schema": {"type": "string", "enum": ["forbid"]}},
+                    ],
+                    "requestBody": {"required": True, "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/GenerateRequest"}}}},
+                    "responses": {
+                        "200": {"description": "Generated text, or GenerateChunk SSE when stream is true",
+                                "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
+                        **_errors(400, 401, 404, 413, 500, 503),
+                    },
+                }
+            },
+        },
+    }

@@ -1,0 +1,123 @@
+"""Model discovery across Triton endpoints: which endpoint serves which model, refreshed in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gateway.errors import ModelNotFound, Unavailable
+from gateway.profile import ModelProfile, canonical_id
+from gateway.settings import EndpointConfig, PoolConfig, Settings
+from gateway.triton.client import TritonClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Endpoint:
+    config: EndpointConfig
+    pool: PoolConfig
+    client: TritonClient
+    healthy: bool = False
+    models: dict[str, ModelProfile] = field(default_factory=dict)  # canonical id -> profile
+    not_ready: set[str] = field(default_factory=set)  # Triton names still loading / unavailable
+    outstanding: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.config.name or self.config.url
+
+
+class ModelRegistry:
+    def __init__(self, settings: Settings, client_factory: Callable[[str], TritonClient] = TritonClient) -> None:
+        self.settings = settings
+        self.endpoints = [
+            Endpoint(config=e, pool=pool, client=client_factory(e.url)) for pool in settings.pools for e in pool.endpoints
+        ]
+        self.refreshed_once = False
+        self._task: asyncio.Task | None = None
+
+    async def refresh(self) -> None:
+        await asyncio.gather(*(self._refresh_endpoint(e) for e in self.endpoints))
+        self.refreshed_once = True
+
+    async def _refresh_endpoint(self, endpoint: Endpoint) -> None:
+        try:
+            listed = await endpoint.client.list_models()
+        except Exception as exc:  # unreachable endpoint: keep it out of routing until it is back
+            if endpoint.healthy:
+                log.warning("endpoint %s is unreachable: %s", endpoint.name, type(exc).__name__)
+            endpoint.healthy = False
+            endpoint.models = {}
+            return
+        models, not_ready = {}, set()
+        for name, state, params in listed:
+            if state == "READY":
+                profile = ModelProfile.from_triton_config(name, params)
+                models[profile.name] = profile
+            else:
+                not_ready.add(name)
+        endpoint.models, endpoint.not_ready, endpoint.healthy = models, not_ready, True
+
+    def mark_unhealthy(self, endpoint: Endpoint) -> None:
+        endpoint.healthy = False
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for endpoint in self.endpoints:
+            await endpoint.client.close()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("model refresh failed")
+            await asyncio.sleep(self.settings.model_refresh_s)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def profiles(self) -> list[ModelProfile]:
+        seen: dict[str, ModelProfile] = {}
+        for endpoint in self.endpoints:
+            if endpoint.healthy:
+                for name, profile in endpoint.models.items():
+                    seen.setdefault(name, profile)
+        return sorted(seen.values(), key=lambda p: p.name)
+
+    def ready(self) -> bool:
+        return any(e.healthy and e.models for e in self.endpoints)
+
+    def resolve(self, requested: str) -> tuple[ModelProfile, str | None]:
+        """Client model id (canonical, SIE-safe, `:profile` suffix) -> (profile, machine profile or None)."""
+        model, machine_profile = split_profile_suffix(requested)
+        wanted = {model, canonical_id(model)}
+        for profile in self.profiles():
+            if profile.name in wanted or profile.sie_id == model or profile.triton_model == model:
+                return profile, machine_profile
+        if not any(e.healthy for e in self.endpoints):
+            raise Unavailable("no Triton endpoint is reachable; retry shortly", retry_after=5)
+        lowered = {w.lower().replace("/", "_").replace("-", "_").replace(".", "_") for w in wanted}
+        for endpoint in self.endpoints:
+            if endpoint.healthy and any(n.lower() in lowered for n in endpoint.not_ready):
+                raise Unavailable(f"model '{requested}' is loading", code="MODEL_LOADING", retry_after=5)
+        raise ModelNotFound(f"Model '{requested}' not found", param="model")
+
+
+def split_profile_suffix(model: str) -> tuple[str, str | None]:
+    """`org/name:profile` -> (`org/name`, `profile`); a `bundle:/org/name` prefix is dropped."""
+    if ":/" in model:
+        model = model.split(":/", 1)[1]
+    if ":" in model:
+        base, _, suffix = model.rpartition(":")
+        if base and suffix:
+            return base, suffix
+    return model, None

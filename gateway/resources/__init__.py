@@ -1,0 +1,1 @@
+"""Falcon resources, one per route family."""

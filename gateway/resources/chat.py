@@ -1,0 +1,44 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from gateway.body import read_json_body
+from gateway.contracts.chat import parse_chat_request
+from gateway.metrics import TTFT
+from gateway.render.chat import ChatStreamRenderer, render_chat_completion
+from gateway.resources.common import collect_or_cancel, disconnected_event, routing_hints, set_sse_headers
+from gateway.service import GenerationService
+from gateway.settings import Settings
+from gateway.streaming import sse_events
+
+
+class ChatCompletionsResource:
+    def __init__(self, settings: Settings, service: GenerationService) -> None:
+        self.settings = settings
+        self.service = service
+
+    async def on_post(self, req, resp) -> None:
+        body = await read_json_body(req, self.settings.chat_body_limit)
+        greq = parse_chat_request(body, default_max_tokens=self.settings.default_max_tokens)
+        profile, machine_profile = self.service.resolve(greq)
+        req.context.model = profile.name
+        hints = routing_hints(req, greq, machine_profile)
+        request_id = req.context.request_id
+        created = int(time.time())
+        session = await self.service.open(greq, profile, hints, request_id)
+        TTFT.labels(route="chat", model=profile.name).observe(session.ttft_s)
+        if greq.stream:
+            set_sse_headers(resp)
+            renderer = ChatStreamRenderer(greq, request_id, created, profile.name, profile.reasoning)
+            resp.sse = sse_events(session.events(), renderer, self.settings.keepalive_interval_s,
+                                  disconnected_event(req))
+            return
+        result = await collect_or_cancel(session.collect(), req)
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps(
+            render_chat_completion(greq, result, request_id, created, profile.name, profile.reasoning)
+        )

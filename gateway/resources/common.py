@@ -1,0 +1,46 @@
+"""Pieces both generation resources use: routing hints from headers, disconnect signal, SSE headers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.domain import GenerationRequest
+from gateway.router import RoutingHints, parse_machine_profile, parse_pool, parse_remote
+
+
+def routing_hints(req, greq: GenerationRequest, model_profile: str | None) -> RoutingHints:
+    pool = parse_pool(req.get_header("X-SIE-Pool"))
+    header_pool, machine_profile = parse_machine_profile(req.get_header("X-SIE-MACHINE-PROFILE"))
+    remote_values = [v for k, v in req.scope.get("headers", []) if k.lower() == b"x-sie-remote"]
+    return RoutingHints(
+        pool=pool or header_pool,
+        machine_profile=machine_profile or (model_profile if model_profile not in (None, "default") else None),
+        forbid_remote=parse_remote([v.decode("latin-1") for v in remote_values] or None),
+        affinity_key=greq.routing_key or greq.prompt_cache_key,
+    )
+
+
+def disconnected_event(req) -> asyncio.Event | None:
+    return req.scope.get("sie.disconnected")
+
+
+def set_sse_headers(resp) -> None:
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+
+
+async def collect_or_cancel(coro, req):
+    """Await a blocking generation, cancelling it (and the Triton request) if the client leaves."""
+    task = asyncio.ensure_future(coro)
+    watch = req.scope.get("sie.watch_disconnect")
+    if watch is None:
+        return await task
+    gone = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        gone.cancel()

@@ -1,0 +1,69 @@
+"""POST /v1/generate/{model} (SIE-native)."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+import orjson
+
+from gateway.body import read_json_body
+from gateway.contracts.generate import parse_generate_request
+from gateway.errors import InvalidRequest, WorkerError
+from gateway.metrics import TTFT
+from gateway.render.generate import GenerateStreamRenderer, render_generate_response
+from gateway.resources.common import collect_or_cancel, disconnected_event, routing_hints, set_sse_headers
+from gateway.service import GenerationService
+from gateway.settings import Settings
+from gateway.streaming import sse_events
+
+PREFIX = "/v1/generate/"
+
+
+def model_from_path(req) -> str:
+    """The catch-all path segment, percent-decoded; slashes (also %2F) are not SIE-safe."""
+    raw_path = req.scope.get("raw_path")
+    raw = raw_path.decode("latin-1") if raw_path else req.path
+    raw = raw.split("?", 1)[0]
+    segment = raw[len(PREFIX):] if raw.startswith(PREFIX) else ""
+    try:
+        model = urllib.parse.unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidRequest("model path is not valid percent-encoded UTF-8", param="model") from None
+    if not model:
+        raise InvalidRequest("model path is empty", param="model")
+    if "/" in model:
+        safe = model.replace("/", "__")
+        raise InvalidRequest(
+            f"model id '{model}' contains '/'; use the SIE-safe id '{safe}' in the path", param="model"
+        )
+    return model
+
+
+class GenerateResource:
+    def __init__(self, settings: Settings, service: GenerationService) -> None:
+        self.settings = settings
+        self.service = service
+
+    async def on_post(self, req, resp, **_: str) -> None:
+        model = model_from_path(req)
+        body = await read_json_body(req, self.settings.generate_body_limit)
+        greq = parse_generate_request(body, model)
+        profile, machine_profile = self.service.resolve(greq)
+        req.context.model = profile.name
+        hints = routing_hints(req, greq, machine_profile)
+        request_id = req.context.request_id
+        session = await self.service.open(greq, profile, hints, request_id)
+        TTFT.labels(route="generate", model=profile.name).observe(session.ttft_s)
+        if greq.stream:
+            set_sse_headers(resp)
+            renderer = GenerateStreamRenderer(greq, request_id, session.ttft_s * 1000)
+            resp.sse = sse_events(session.events(), renderer, self.settings.keepalive_interval_s,
+                                  disconnected_event(req))
+            return
+        result = await collect_or_cancel(session.collect(), req)
+        choice = result.choices.get(0)
+        if choice is None or choice.get("finish_reason") is None:
+            raise WorkerError("the model ended without a result", code="malformed_worker_response")
+        attempt_id = f"{request_id}.{session.endpoint.name}"
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps(render_generate_response(greq, result, profile.name, attempt_id))

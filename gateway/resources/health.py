@@ -1,0 +1,66 @@
+"""Health, readiness, model list, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import orjson
+
+from gateway.metrics import render_metrics
+from gateway.registry import ModelRegistry
+
+
+class HealthResource:
+    async def on_get(self, req, resp) -> None:
+        resp.data = orjson.dumps({"status": "ok"})
+        resp.content_type = "application/json"
+
+
+class ReadyResource:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    async def on_get(self, req, resp) -> None:
+        # readiness reflects Triton right now, not the last background refresh
+        await self.registry.refresh()
+        healthy = sum(1 for e in self.registry.endpoints if e.healthy and e.models)
+        resp.content_type = "application/json"
+        if healthy:
+            resp.data = orjson.dumps({"status": "ready", "healthy_workers": healthy})
+        else:
+            resp.status = 503
+            resp.set_header("Retry-After", "5")
+            resp.data = orjson.dumps({"status": "not_ready", "healthy_workers": 0})
+
+
+class ModelsResource:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self.created = int(time.time())
+
+    async def on_get(self, req, resp) -> None:
+        if not self.registry.refreshed_once:
+            await self.registry.refresh()
+        data = [
+            {"id": p.name, "object": "model", "created": self.created, "owned_by": "sie",
+             "sie_id": p.sie_id, "max_output_tokens": p.max_output_tokens,
+             "lora_adapters": sorted(p.lora_adapters), "inputs": {"image": p.image_input}}
+            for p in self.registry.profiles()
+        ]
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps({"object": "list", "data": data})
+
+
+class MetricsResource:
+    async def on_get(self, req, resp) -> None:
+        resp.data, resp.content_type = render_metrics()
+
+
+class OpenAPIResource:
+    def __init__(self, document: dict) -> None:
+        self.body = json.dumps(document).encode()  # built once; may hold integers beyond orjson's 64-bit range
+
+    async def on_get(self, req, resp) -> None:
+        resp.content_type = "application/json"
+        resp.data = self.body

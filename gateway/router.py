@@ -1,0 +1,92 @@
+"""Pick the Triton endpoint for a request: pool / machine profile / remote rules, affinity, load."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from gateway.errors import InvalidRequest, NotFound, Unavailable
+from gateway.profile import ModelProfile
+from gateway.registry import Endpoint, ModelRegistry
+
+_POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class RoutingHints:
+    pool: str | None = None
+    machine_profile: str | None = None
+    forbid_remote: bool = False
+    affinity_key: str | None = None  # routing_key or prompt_cache_key
+
+
+def parse_pool(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not _POOL_NAME.match(value) or value.lower() == "_default":
+        raise InvalidRequest("X-SIE-Pool must match [A-Za-z0-9_-]{1,128} and not be '_default'", param="pool")
+    return value.lower()
+
+
+def parse_machine_profile(value: str | None) -> tuple[str | None, str | None]:
+    """`X-SIE-MACHINE-PROFILE` may be `profile` or `pool/profile`; returns (pool, profile)."""
+    if not value:
+        return None, None
+    if "/" in value:
+        pool, _, profile = value.partition("/")
+        return parse_pool(pool), profile or None
+    return None, value
+
+
+def parse_remote(values: list[str] | None) -> bool:
+    if not values:
+        return False
+    if len(values) != 1 or values[0] != "forbid":
+        raise InvalidRequest("X-SIE-Remote accepts only one value: 'forbid'", param="X-SIE-Remote")
+    return True
+
+
+def _rendezvous_score(key: str, endpoint: Endpoint) -> int:
+    digest = hashlib.blake2b(f"{key}|{endpoint.config.url}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+class Router:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    def candidates(self, profile: ModelProfile, hints: RoutingHints) -> list[Endpoint]:
+        """Endpoints to try, best first (the rest are fallbacks for failures before the first token)."""
+        endpoints = self.registry.endpoints
+        pools = {e.pool.name for e in endpoints}
+        if hints.pool is not None:
+            if hints.pool not in pools:
+                raise NotFound(f"pool '{hints.pool}' not found", param="pool")
+            endpoints = [e for e in endpoints if e.pool.name == hints.pool]
+        if hints.machine_profile is not None:
+            endpoints = [e for e in endpoints if e.pool.machine_profile == hints.machine_profile]
+            if not endpoints:
+                raise Unavailable(
+                    f"machine profile '{hints.machine_profile}' is not configured on this gateway",
+                    param="X-SIE-MACHINE-PROFILE",
+                    retry_after=None,
+                )
+        serving = [e for e in endpoints if profile.name in e.models or profile.triton_model in e.not_ready]
+        if hints.forbid_remote:
+            local = [e for e in serving if not e.config.remote]
+            if serving and not local:
+                raise InvalidRequest(
+                    "X-SIE-Remote: forbid, but this model is only served remotely", param="X-SIE-Remote"
+                )
+            serving = local
+        healthy = [e for e in serving if e.healthy and profile.name in e.models]
+        if not healthy:
+            message = "no healthy local endpoint serves this model" if hints.forbid_remote else \
+                f"no healthy endpoint serves '{profile.name}' in the selected pool"
+            raise Unavailable(message, retry_after=5)
+        if hints.affinity_key:
+            return sorted(healthy, key=lambda e: _rendezvous_score(hints.affinity_key or "", e), reverse=True)
+        random.shuffle(healthy)  # ties between equally loaded endpoints spread evenly
+        return sorted(healthy, key=lambda e: e.outstanding)

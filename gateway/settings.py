@@ -1,0 +1,83 @@
+"""Gateway settings: read once from the environment (and an optional YAML routing file), then passed in."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+VERSION = "0.10.1"  # SIE wire-contract version we implement (the SDK warns on major/minor skew)
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    url: str
+    remote: bool = False
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    machine_profile: str = "default"
+    endpoints: tuple[EndpointConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    pools: tuple[PoolConfig, ...]
+    default_pool: str = "default"
+    auth_mode: str = "none"
+    auth_tokens: tuple[str, ...] = ()
+    default_max_tokens: int = 1024
+    chat_body_limit: int = 16 * 1024 * 1024
+    generate_body_limit: int = 24 * 1024 * 1024
+    first_chunk_timeout_s: float = 120.0
+    inter_chunk_timeout_s: float = 60.0
+    overall_timeout_s: float = 600.0
+    keepalive_interval_s: float = 15.0
+    model_refresh_s: float = 5.0
+    server_version: str = VERSION
+    machine_profiles: frozenset[str] = field(default_factory=lambda: frozenset({"default"}))
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        pools = _pools_from(env)
+        tokens = env.get("SIE_AUTH_TOKENS") or env.get("SIE_AUTH_TOKEN") or ""
+        return cls(
+            pools=pools,
+            default_pool=pools[0].name,
+            auth_mode=env.get("SIE_AUTH_MODE", "none").strip().lower() or "none",
+            auth_tokens=tuple(t.strip() for t in tokens.split(",") if t.strip()),
+            default_max_tokens=int(env.get("SIE_GATEWAY_DEFAULT_MAX_TOKENS", "1024")),
+            chat_body_limit=int(env.get("SIE_GATEWAY_CHAT_BODY_LIMIT", str(16 * 1024 * 1024))),
+            generate_body_limit=int(env.get("SIE_GATEWAY_GENERATE_BODY_LIMIT", str(24 * 1024 * 1024))),
+            first_chunk_timeout_s=float(env.get("SIE_GATEWAY_FIRST_CHUNK_TIMEOUT_S", "120")),
+            inter_chunk_timeout_s=float(env.get("SIE_GATEWAY_INTER_CHUNK_TIMEOUT_S", "60")),
+            overall_timeout_s=float(env.get("SIE_GATEWAY_OVERALL_TIMEOUT_S", "600")),
+            keepalive_interval_s=float(env.get("SIE_GATEWAY_SSE_KEEPALIVE_S", "15")),
+            model_refresh_s=float(env.get("SIE_GATEWAY_MODEL_REFRESH_S", "5")),
+            machine_profiles=frozenset(p.machine_profile for p in pools),
+        )
+
+
+def _pools_from(env: dict[str, str]) -> tuple[PoolConfig, ...]:
+    """`SIE_GATEWAY_CONFIG` (YAML with `pools:`) wins; else one local Triton at TRITON_GRPC_URL."""
+    path = env.get("SIE_GATEWAY_CONFIG")
+    if path:
+        data: dict[str, Any] = yaml.safe_load(Path(path).read_text()) or {}
+        pools = []
+        for name, spec in (data.get("pools") or {}).items():
+            endpoints = tuple(
+                EndpointConfig(url=e["url"], remote=bool(e.get("remote", False)), name=e.get("name", e["url"]))
+                for e in spec.get("endpoints", [])
+            )
+            pools.append(PoolConfig(str(name).lower(), spec.get("machine_profile", "default"), endpoints))
+        if pools:
+            return tuple(pools)
+    url = env.get("TRITON_GRPC_URL") or f"localhost:{env.get('TRITON_GRPC_PORT', '8001')}"
+    return (PoolConfig("default", "default", (EndpointConfig(url=url, name="local"),)),)

@@ -1,0 +1,114 @@
+"""Async gRPC client for one Triton endpoint: streaming generation, readiness, model discovery.
+
+One bidirectional `ModelStreamInfer` call per HTTP request; the request side stays open until we
+are done (half-closing it early makes the call end), and leaving early cancels the call, which
+Triton turns into `request.is_cancelled()` in the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from gateway.domain import GenerationEvent, GenerationRequest
+from gateway.errors import MalformedWorkerResponse, Unavailable, worker_error
+from gateway.triton.codec import MalformedResponse, decode_response, encode_request, parse_error_message
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+class UpstreamUnavailable(Unavailable):
+    """Triton could not be reached (connection refused, reset, shutting down)."""
+
+    code = "transport_failure"
+
+
+class TritonClient:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+
+    @property
+    def stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        # created lazily so the channel binds to the running event loop of this worker
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.url, options=_CHANNEL_OPTIONS)
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub = None
+
+    async def generate(
+        self, triton_model: str, req: GenerationRequest, request_id: str
+    ) -> AsyncIterator[GenerationEvent]:
+        """Yield the model's events for one request; raises GatewayError subclasses on failure."""
+        request = encode_request(triton_model, req, request_id)
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+            await finished.wait()
+
+        call = self.stub.ModelStreamInfer(requests())
+        try:
+            async for response in call:
+                if response.error_message:
+                    code, message, param = parse_error_message(response.error_message)
+                    raise worker_error(code, message, param)
+                try:
+                    event, final = decode_response(response.infer_response)
+                except MalformedResponse as exc:
+                    raise MalformedWorkerResponse(str(exc)) from None
+                yield event
+                if final:
+                    return
+            raise UpstreamUnavailable("the model stream ended before the request finished")
+        except grpc.aio.AioRpcError as exc:
+            raise _rpc_error(exc) from None
+        finally:
+            finished.set()
+            call.cancel()  # no-op when complete; cancels the Triton request when the client left
+
+    async def server_ready(self, timeout: float = 2.0) -> bool:
+        try:
+            reply = await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout)
+            return bool(reply.ready)
+        except grpc.aio.AioRpcError:
+            return False
+
+    async def model_ready(self, name: str, timeout: float = 2.0) -> bool:
+        try:
+            reply = await self.stub.ModelReady(service_pb2.ModelReadyRequest(name=name), timeout=timeout)
+            return bool(reply.ready)
+        except grpc.aio.AioRpcError:
+            return False
+
+    async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
+        """(name, state, parameters) for every model in the repository index."""
+        index = await self.stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=timeout)
+        models = []
+        for entry in index.models:
+            params: dict[str, str] = {}
+            if entry.state == "READY":
+                config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=entry.name), timeout=timeout)
+                params = {k: v.string_value for k, v in config.config.parameters.items()}
+            models.append((entry.name, entry.state, params))
+        return models
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> Exception:
+    status = exc.code()
+    if status == grpc.StatusCode.CANCELLED:
+        return asyncio.CancelledError()
+    return UpstreamUnavailable(f"Triton is unavailable ({status.name.lower()})", retry_after=5)
