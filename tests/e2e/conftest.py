@@ -1,0 +1,82 @@
+"""A real tritonserver with the real model repository, and the real gateway under gunicorn, on free ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devstack.serve import start_gateway, stop
+from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SIE_MODEL = "HuggingFaceTB__SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+@dataclass
+class Stack:
+    base_url: str
+    triton: TritonPorts
+    log_dir: Path
+
+    def triton_metric(self, name: str) -> float:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5).read().decode()
+        total = 0.0
+        for line in body.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    log_dir = tmp_path_factory.mktemp("stack-logs")
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    triton = start_triton(REPO_ROOT / "model_repository", ports, log_dir / "triton.log")
+    gateway = None
+    try:
+        wait_ready(ports, triton, timeout=300)
+        gateway_port = free_port()
+        gateway = start_gateway(ports.grpc, gateway_port, workers=2, log_path=log_dir / "gateway.log",
+                                extra_env={"SIE_AUTH_MODE": "none"})
+        wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
+        yield Stack(f"http://127.0.0.1:{gateway_port}", ports, log_dir)
+    finally:
+        stop(gateway)
+        stop(triton)
+        if os.environ.get("CI"):
+            for name in ("triton.log", "gateway.log"):
+                path = log_dir / name
+                if path.exists():
+                    print(f"--- tail of {name} ---\n" + path.read_text(errors="replace")[-3000:])
+
+
+@pytest.fixture(scope="session")
+def openai_client(stack: Stack):
+    import openai
+
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -1,0 +1,63 @@
+"""/v1/generate/{model} over raw HTTP against the real stack."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.e2e.conftest import MODEL, SIE_MODEL
+
+
+def _sse_payloads(response: httpx.Response) -> list[str]:
+    return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_blocking_generate(stack):
+    r = httpx.post(f"{stack.base_url}/v1/generate/{SIE_MODEL}",
+                   json={"prompt": "The capital of France is", "max_new_tokens": 8, "temperature": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == MODEL
+    assert "Paris" in body["text"]
+    assert body["finish_reason"] in ("stop", "length")
+    assert body["usage"]["completion_tokens"] > 0
+    assert isinstance(body["attempt_id"], str) and body["attempt_id"]
+    assert body["ttft_ms"] > 0
+    assert r.headers["X-SIE-Request-ID"] and r.headers["X-SIE-Server-Version"]
+
+
+def test_streaming_generate_with_logprobs(stack):
+    body = {"prompt": "The capital of France is", "max_new_tokens": 6, "temperature": 0, "stream": True,
+            "logprobs": True, "top_logprobs": 2}
+    with httpx.stream("POST", f"{stack.base_url}/v1/generate/{SIE_MODEL}", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        payloads = _sse_payloads(r)
+    assert payloads[-1] == "[DONE]"
+    events = [json.loads(p) for p in payloads[:-1]]
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert all(not e["done"] for e in events[:-1]) and events[-1]["done"] is True
+    assert events[-1]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 6
+    logprobs = [lp for e in events[:-1] for lp in e["logprobs"]]
+    assert len(logprobs) == 6 and all(len(lp["top_logprobs"]) == 2 for lp in logprobs)
+
+
+def test_slash_in_path_is_rejected_with_safe_id_hint(stack):
+    r = httpx.post(f"{stack.base_url}/v1/generate/HuggingFaceTB%2FSmolLM2-135M-Instruct",
+                   json={"prompt": "x", "max_new_tokens": 2}, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "model" and err["code"] == "invalid_request"
+    assert SIE_MODEL in err["message"]
+    assert r.headers["X-SIE-Error-Code"] == "invalid_request"
+
+
+def test_over_the_output_cap_is_context_exceeded(stack):
+    r = httpx.post(f"{stack.base_url}/v1/generate/{SIE_MODEL}",
+                   json={"prompt": "x", "max_new_tokens": 10**6}, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_exceeded"
+    assert r.json()["error"]["param"] == "max_new_tokens"
