@@ -14,6 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from engine.chat import render_chat
 from engine.errors import EngineError, QueueFull
 from engine.forward import DecoderForward
+from engine.grammar import GrammarCompilerCache
+from engine.postprocess import OutputPostprocessor
+from engine.tool_grammar import forced_tool_grammar
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -54,6 +57,8 @@ class LLMEngine:
         self.forward = DecoderForward(model, config.max_slots, config.max_len)
         self.sampler = Sampler(model.config.vocab_size, self._stop_token_ids(model))
         self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget)
+        self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
+        self.grammars = GrammarCompilerCache(self.tokenizer, model.config.vocab_size, self.sampler.stop_token_set)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
         self._pending = 0
         self._lock = threading.Lock()
@@ -88,6 +93,19 @@ class LLMEngine:
             raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")
         return self.tokenizer.encode(prompt)
 
+    def grammar_factory(self, params: SamplingParams) -> Callable[[], Any] | None:
+        """Compile the request's grammar (or its forced tool call) now, off the decode loop.
+
+        Raises EngineError(grammar_invalid) for a grammar that does not compile.
+        """
+        if params.grammar is None and params.tools and params.tool_choice not in (None, "auto", "none"):
+            params.grammar = forced_tool_grammar(params.tools, params.tool_choice, params.parallel_tool_calls)
+        if params.grammar is None:
+            return None
+        grammar = params.grammar
+        self.grammars.new_state(grammar)  # compile (and cache) eagerly so errors surface before queueing
+        return lambda: self.grammars.new_state(grammar)
+
     def submit(self, request: EngineRequest) -> None:
         """Queue a request; raises QueueFull at once when the bounded queue is full."""
         if not self.healthy:
@@ -103,7 +121,9 @@ class LLMEngine:
                  stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> "queue.Queue[RequestOutput]":
         """Convenience for tests and benchmarks: submit and get a queue of outputs."""
         out: queue.Queue[RequestOutput] = queue.Queue()
-        self.submit(EngineRequest(request_id, prompt_ids, params, out.put, stream, is_cancelled))
+        request = EngineRequest(request_id, prompt_ids, params, out.put, stream, is_cancelled)
+        request.grammar = self.grammar_factory(params)
+        self.submit(request)
         return out
 
     # -- loop ----------------------------------------------------------------------------------

@@ -19,5 +19,6 @@ class OutputPostprocessor:
         calls = parse_tool_calls(seq.full_text, {t["function"]["name"] for t in params.tools})
         if not calls:
             return {}
-        reason = "tool_calls"
-        return {"tool_calls": calls, "finish_reason": reason}
+        if params.parallel_tool_calls is False:
+            calls = calls[:1]
+        return {"tool_calls": calls, "finish_reason": "tool_calls"}

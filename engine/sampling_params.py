@@ -61,7 +61,14 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> "SamplingParams":
         """Parse and sanity-check (the gateway validates the contract; this guards the engine itself)."""
-        merged = {**(defaults or {}), **{k: v for k, v in raw.items() if v is not None}}
+        given = {k: v for k, v in raw.items() if v is not None}
+        merged = {**(defaults or {}), **given}
+        if given.get("grammar") is not None or given.get("tool_choice") == "required" \
+                or isinstance(given.get("tool_choice"), dict):
+            # constrained output: greedy and unpenalised unless the caller asked otherwise
+            for key in ("temperature", "presence_penalty", "frequency_penalty"):
+                if key not in given:
+                    merged[key] = 0.0
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(merged) - known)
         if unknown:

@@ -109,7 +109,10 @@ class Scheduler:
                     return  # wait for slots to free up
                 self.waiting.popleft()
                 self.prefilling = group
-                group.sequences = [Sequence(group, 0, self._generator(group, 0), self.tokenizer)]
+                parent = Sequence(group, 0, self._generator(group, 0), self.tokenizer)
+                if group.request.grammar is not None:
+                    parent.grammar = group.request.grammar()
+                group.sequences = [parent]
             group = self.prefilling
             parent = group.sequences[0]
             parent.slot = len(self.decoding)
@@ -227,12 +230,22 @@ class Scheduler:
             closing = [s for s in group.sequences if s.finished and not s.closed]
         for i, seq in enumerate(closing):
             seq.closed = True
-            fields = {"finish_reason": seq.finish_reason, "stop_reason": seq.detok.matched_stop}
+            fields = {"finish_reason": seq.finish_reason, "stop_reason": seq.detok.matched_stop,
+                      **self._timing(group, seq)}
             if self.postprocess is not None:
                 fields.update(self.postprocess(seq))
             self._emit_delta(seq, final=not remaining and i == len(closing) - 1, **fields)
         if not remaining:
             self.stats.finished += 1
+
+    @staticmethod
+    def _timing(group: SequenceGroup, seq: Sequence) -> dict[str, float]:
+        if group.first_token_at is None:
+            return {}
+        now = time.monotonic()
+        ttft = (group.first_token_at - group.request.arrival) * 1000
+        steps = len(seq.output_ids) - 1
+        return {"ttft_ms": ttft, "tpot_ms": (now - group.first_token_at) * 1000 / steps if steps > 0 else 0.0}
 
     def _retire(self, seq: Sequence) -> None:
         """Free the sequence's slot, moving the last row (and any prefill in progress) down."""

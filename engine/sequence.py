@@ -29,6 +29,8 @@ class RequestOutput:
     stop_reason: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     reasoning: str | None = None
+    ttft_ms: float | None = None  # on closing outputs: engine-side time to first token
+    tpot_ms: float | None = None  # on closing outputs: mean time per output token after the first
 
 
 @dataclass
@@ -41,6 +43,7 @@ class EngineRequest:
     is_cancelled: Callable[[], bool] | None = None
     images: list[Any] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
+    grammar: Callable[[], Any] | None = None  # makes the per-sequence grammar state
 
 
 class Sequence:

@@ -20,7 +20,6 @@ import triton_python_backend_utils as pb_utils  # provided by the Python backend
 
 from engine.engine import EngineConfig, LLMEngine
 from engine.errors import EngineError
-from engine.postprocess import OutputPostprocessor
 from engine.sampling_params import SamplingParams
 from engine.sequence import EngineRequest, RequestOutput
 from engine.triton_metrics import EngineMetrics
@@ -83,7 +82,6 @@ class TritonPythonModel:
             )
         )
         self.defaults = json.loads(p.get("default_sampling") or "{}")
-        self.engine.scheduler.postprocess = OutputPostprocessor(self.engine.tokenizer).for_sequence
         self.outbox: queue.SimpleQueue[tuple[Any, RequestOutput] | None] = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
         self.sender.start()
@@ -120,6 +118,7 @@ class TritonPythonModel:
             on_output=lambda out, s=sender: self.outbox.put((s, out)),
             stream=_input_bool(request, "stream"),
             is_cancelled=request.is_cancelled,
+            grammar=self.engine.grammar_factory(params),
         )
 
     def _send_loop(self) -> None:
@@ -149,6 +148,8 @@ class TritonPythonModel:
             extras["reasoning_content"] = out.reasoning
         if out.stop_reason:
             extras["stop_reason"] = out.stop_reason
+        if out.ttft_ms is not None:
+            extras["ttft_ms"], extras["tpot_ms"] = out.ttft_ms, out.tpot_ms
         tensors = [
             pb_utils.Tensor("text_output", np.array([out.text.encode("utf-8")], dtype=np.object_)),
             pb_utils.Tensor("index", np.array([out.index], dtype=np.int32)),

@@ -122,6 +122,8 @@ class GenerationEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # completion tokens of this choice so far (on the closing event)
     stop_reason: str | None = None
+    ttft_ms: float | None = None  # engine timing, on closing events
+    tpot_ms: float | None = None
 
 
 @dataclass

@@ -68,7 +68,10 @@ class GenerationSession:
         choices: dict[int, dict] = {}
         prompt_tokens = 0
         last_at = time.monotonic()
+        engine_timing: tuple[float, float | None] | None = None
         async for event in self.events():
+            if event.ttft_ms is not None and engine_timing is None:
+                engine_timing = (event.ttft_ms, event.tpot_ms)
             last_at = time.monotonic()
             choice = choices.setdefault(
                 event.index, {"text": [], "finish_reason": None, "logprobs": [], "tool_calls": None,
@@ -89,6 +92,9 @@ class GenerationSession:
             choice["text"] = "".join(choice["text"])
             choice["reasoning"] = "".join(choice["reasoning"]) or None
         completion = sum(c["completion_tokens"] for c in choices.values())
+        if engine_timing is not None:
+            # blocking requests get one event per choice: the engine measured the real TTFT/TPOT
+            return GenerationResult(choices, prompt_tokens, completion, *engine_timing)
         decode_s = max(last_at - self.started - self.ttft_s, 0.0)
         tpot = decode_s / (completion - 1) * 1000 if completion > 1 else None
         return GenerationResult(choices, prompt_tokens, completion, self.ttft_s * 1000, tpot)

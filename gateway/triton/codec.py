@@ -78,6 +78,8 @@ def decode_response(response: service_pb2.ModelInferResponse) -> tuple[Generatio
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         stop_reason=extras.get("stop_reason"),
+        ttft_ms=extras.get("ttft_ms"),
+        tpot_ms=extras.get("tpot_ms"),
     )
     return event, bool(final)
 

@@ -1,0 +1,83 @@
+"""Grammar-constrained decoding with xgrammar: compiled-grammar cache and per-sequence matchers.
+
+The sampler calls `GrammarState.apply_mask` only for constrained rows, each step; children of an
+n/best_of request fork the parent's matcher, so every candidate keeps its own grammar position.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+
+import torch
+import xgrammar as xgr
+
+from engine.errors import EngineError
+from engine.sampling_params import GrammarRequest
+
+_CACHE_SIZE = 128
+
+
+class GrammarState:
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+
+    def apply_mask(self, logits_row: torch.Tensor) -> None:
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        xgr.apply_token_bitmask_inplace(logits_row.view(1, -1), self.bitmask, vocab_size=self.vocab_size)
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.is_terminated():
+            self.matcher.accept_token(token)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def fork(self) -> "GrammarState":
+        return GrammarState(self.matcher.fork(), self.vocab_size)
+
+
+class GrammarCompilerCache:
+    """Compiles grammars once per (kind, value) and keeps the most recent ones."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self.vocab_size = vocab_size
+        self._cache: collections.OrderedDict[str, xgr.CompiledGrammar] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def new_state(self, grammar: GrammarRequest) -> GrammarState:
+        return GrammarState(xgr.GrammarMatcher(self._compiled(grammar)), self.vocab_size)
+
+    def _compiled(self, grammar: GrammarRequest) -> xgr.CompiledGrammar:
+        key = json.dumps([grammar.kind, grammar.value], sort_keys=True)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        compiled = self._compile(grammar)
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, grammar: GrammarRequest) -> xgr.CompiledGrammar:
+        try:
+            if grammar.kind in ("json_schema", "json_object"):
+                schema = grammar.value if grammar.kind == "json_schema" else {"type": "object"}
+                # compact JSON: small models otherwise wander into unbounded whitespace
+                return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                         strict_mode=True)
+            if grammar.kind == "regex":
+                return self.compiler.compile_regex(grammar.value)
+            if grammar.kind == "ebnf":
+                return self.compiler.compile_grammar(grammar.value)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with a useful message
+            raise EngineError("grammar_invalid", f"the {grammar.kind} grammar does not compile: {exc}",
+                              "grammar") from None
+        raise EngineError("unsupported_field", f"grammar kind '{grammar.kind}' is not supported", "grammar")
