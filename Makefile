@@ -19,10 +19,15 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed  ## venv with the project and every dependency
 
+LORA_DIR := $(SIE_MODEL_CACHE)/smollm2-lora-pirate
+
 $(MODEL_DIR)/.complete: $(VENV)/.installed
 	$(PY) scripts/prepare_model.py --out $(MODEL_DIR)
 
-model: $(MODEL_DIR)/.complete  ## convert the GGUF to a local HF folder, once
+$(LORA_DIR)/.complete: $(MODEL_DIR)/.complete
+	$(PY) scripts/make_lora.py --base $(MODEL_DIR) --out $(LORA_DIR)
+
+model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete  ## convert the GGUF to a local HF folder and build the demo adapter, once
 
 serve: model  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
 	GATEWAY_PORT=$(GATEWAY_PORT) $(PY) -m devstack.serve

@@ -15,6 +15,7 @@ from engine.chat import render_chat
 from engine.errors import EngineError, QueueFull
 from engine.forward import DecoderForward
 from engine.grammar import GrammarCompilerCache
+from engine.lora import load_adapters
 from engine.postprocess import OutputPostprocessor
 from engine.tool_grammar import forced_tool_grammar
 from engine.sampler import Sampler
@@ -35,6 +36,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
     threads: int | None = None
+    lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
 
 
 def _resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -55,6 +57,7 @@ class LLMEngine:
         model.eval()
         self.model = model
         self.forward = DecoderForward(model, config.max_slots, config.max_len)
+        self.forward.adapters = load_adapters(model, config.lora_paths or {})
         self.sampler = Sampler(model.config.vocab_size, self._stop_token_ids(model))
         self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import KVCache
+from engine.lora import AdapterTable, LoraBatch
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -67,6 +68,9 @@ class DecoderForward:
             len(self.layers), max_slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device
         )
         self._build_rope(config, max_len)
+        self.adapters: AdapterTable = {}
+        self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        self.mlp_splits = [config.intermediate_size, config.intermediate_size]
 
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> LayerWeights:
@@ -102,9 +106,11 @@ class DecoderForward:
         self.cos = emb.cos().to(self.dtype)
         self.sin = emb.sin().to(self.dtype)
 
-    def _qkv(self, w: LayerWeights, h: torch.Tensor, positions: torch.Tensor):
+    def _qkv(self, w: LayerWeights, h: torch.Tensor, positions: torch.Tensor, lora: LoraBatch | None, layer: int):
         """h: [N, hidden]; positions: [N] -> q [N, H, D], k/v [N, Hkv, D] with RoPE applied."""
         x = F.linear(h, w.qkv, w.qkv_bias)
+        if lora:
+            x = lora.add(layer, "qkv", h, x, self.qkv_splits)
         d = self.head_dim
         q, k, v = x.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         q = q.view(-1, self.n_heads, d)
@@ -119,25 +125,37 @@ class DecoderForward:
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
 
-    def _mlp(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(_rms_norm(h, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, w.down)
+    def _o_proj(self, w: LayerWeights, attn: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
+        out = F.linear(attn, w.o_proj)
+        return lora.add(layer, "o_proj", attn, out, [out.shape[-1]]) if lora else out
+
+    def _mlp(self, w: LayerWeights, h: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
+        x = _rms_norm(h, w.post_norm, self.eps)
+        gate_up = F.linear(x, w.gate_up)
+        if lora:
+            gate_up = lora.add(layer, "gate_up", x, gate_up, self.mlp_splits)
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        out = F.linear(act, w.down)
+        return lora.add(layer, "down", act, out, [out.shape[-1]]) if lora else out
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(_rms_norm(h, self.final_norm, self.eps), self.lm_head).float()
 
     @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+    def prefill(self, slot: int, token_ids: torch.Tensor, start: int, adapter: str | None = None,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run `token_ids` ([T]) for one slot from position `start`; returns logits of the last token [V]."""
         n = token_ids.shape[0]
         end = start + n
         positions = torch.arange(start, end, device=self.device)
-        h = self.embed[token_ids]
+        h = self.embed[token_ids] if embeds is None else embeds
+        lora = LoraBatch(self.adapters, [adapter]) if adapter else None
         # causal over the chunk, full over the cached prefix
         mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
         kc, vc = self.cache.k, self.cache.v
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions)
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
             kc[i, slot, :, start:end] = k.transpose(0, 1)
             vc[i, slot, :, start:end] = v.transpose(0, 1)
             attn = F.scaled_dot_product_attention(
@@ -147,12 +165,13 @@ class DecoderForward:
                 attn_mask=mask,
                 enable_gqa=True,
             )
-            h = h + F.linear(attn[0].transpose(0, 1).reshape(n, -1), w.o_proj)
-            h = h + self._mlp(w, h)
+            h = h + self._o_proj(w, attn[0].transpose(0, 1).reshape(n, -1), lora, i)
+            h = h + self._mlp(w, h, lora, i)
         return self._logits(h[-1:])[0]
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, span: int,
+               lora: LoraBatch | None = None) -> torch.Tensor:
         """One step for slots 0..B-1: token_ids/positions [B]; `span` = max(positions)+1. Returns [B, V]."""
         b = token_ids.shape[0]
         rows = torch.arange(b, device=self.device)
@@ -162,7 +181,7 @@ class DecoderForward:
         mask = (torch.arange(span, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
         kc, vc = self.cache.k, self.cache.v
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions)
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
             kc[i, rows, :, positions] = k
             vc[i, rows, :, positions] = v
             # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
@@ -172,6 +191,6 @@ class DecoderForward:
                 vc[i, :b, :, :span],
                 attn_mask=mask,
             )
-            h = h + F.linear(attn.reshape(b, -1), w.o_proj)
-            h = h + self._mlp(w, h)
+            h = h + self._o_proj(w, attn.reshape(b, -1), lora, i)
+            h = h + self._mlp(w, h, lora, i)
         return self._logits(h)

@@ -16,6 +16,7 @@ import torch
 
 from engine.errors import EngineError
 from engine.forward import DecoderForward
+from engine.lora import LoraBatch
 from engine.sampler import Sampler
 from engine.sequence import EngineRequest, RequestOutput, Sequence, SequenceGroup
 from engine.stats import EngineStats
@@ -49,6 +50,9 @@ class Scheduler:
                 f"prompt has {prompt_len} tokens; this model accepts at most {self.max_len - 1}",
                 "messages",
             )
+        adapter = request.params.lora_adapter
+        if adapter is not None and adapter not in self.forward.adapters:
+            raise EngineError("unknown_lora_adapter", f"unknown LoRA adapter '{adapter}'", "lora_adapter")
         if request.params.width > self.max_slots:
             raise EngineError(
                 "invalid_request",
@@ -119,7 +123,8 @@ class Scheduler:
             prompt = group.request.prompt_ids
             chunk = prompt[group.prefilled : group.prefilled + budget]
             try:
-                logits = self.forward.prefill(parent.slot, torch.tensor(chunk), group.prefilled)
+                logits = self.forward.prefill(parent.slot, torch.tensor(chunk), group.prefilled,
+                                              adapter=group.params.lora_adapter)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
                 log.exception("prefill failed for %s", group.request.request_id)
                 self.abort(group, "error", EngineError("inference_error", f"prefill failed: {type(exc).__name__}"))
@@ -148,7 +153,9 @@ class Scheduler:
         rows = list(self.decoding)
         tokens = torch.tensor([s.output_ids[-1] for s in rows])
         positions = torch.tensor([s.kv_len for s in rows])
-        logits = self.forward.decode(tokens, positions, int(positions.max()) + 1)
+        adapters = [s.params.lora_adapter for s in rows]
+        lora = LoraBatch(self.forward.adapters, adapters) if any(adapters) else None
+        logits = self.forward.decode(tokens, positions, int(positions.max()) + 1, lora)
         for s in rows:
             s.kv_len += 1
         self._sample_and_advance(logits, rows)

@@ -55,8 +55,8 @@ def _input_bool(request, name: str) -> bool:
     return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False
 
 
-def _model_dir(parameters: dict[str, str]) -> str:
-    name = parameters["hf_model"]
+def _cache_path(name: str) -> str:
+    """Model and adapter folders: absolute, or relative to SIE_MODEL_CACHE (default <repo>/.cache/models)."""
     if os.path.isabs(name):
         return name
     cache = os.environ.get("SIE_MODEL_CACHE") or str(Path(__file__).resolve().parents[1] / ".cache" / "models")
@@ -73,12 +73,13 @@ class TritonPythonModel:
         p = self.parameters
         self.engine = LLMEngine(
             EngineConfig(
-                model_path=_model_dir(p),
+                model_path=_cache_path(p["hf_model"]),
                 max_slots=int(p.get("max_slots", "64")),
                 max_len=int(p.get("context_length", "2048")),
                 prefill_budget=int(p.get("prefill_budget", "512")),
                 max_queue=int(p.get("max_queue", "256")),
                 device=device,
+                lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
             )
         )
         self.defaults = json.loads(p.get("default_sampling") or "{}")

@@ -79,7 +79,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> fal
     app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))
     generate = GenerateResource(settings, service)
     app.add_route("/v1/generate/{model}", generate)
-    app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate/")
+    app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash
     app.add_route("/healthz", HealthResource())
     app.add_route("/readyz", ReadyResource(registry))
     app.add_route("/v1/models", ModelsResource(registry))

@@ -105,11 +105,17 @@ class ModelRegistry:
                 return profile, machine_profile
         if not any(e.healthy for e in self.endpoints):
             raise Unavailable("no Triton endpoint is reachable; retry shortly", retry_after=5)
-        lowered = {w.lower().replace("/", "_").replace("-", "_").replace(".", "_") for w in wanted}
+        # a loading model has no config yet, so only its Triton name is known: match it loosely,
+        # with and without the org (`org/Name-1.5B` ~ `name_1_5b`)
+        loose = {_loose(w) for w in wanted} | {_loose(w.rpartition("/")[2]) for w in wanted}
         for endpoint in self.endpoints:
-            if endpoint.healthy and any(n.lower() in lowered for n in endpoint.not_ready):
+            if endpoint.healthy and any(_loose(n) in loose for n in endpoint.not_ready):
                 raise Unavailable(f"model '{requested}' is loading", code="MODEL_LOADING", retry_after=5)
         raise ModelNotFound(f"Model '{requested}' not found", param="model")
+
+
+def _loose(name: str) -> str:
+    return name.lower().replace("/", "_").replace("-", "_").replace(".", "_")
 
 
 def split_profile_suffix(model: str) -> tuple[str, str | None]:

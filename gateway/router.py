@@ -76,7 +76,9 @@ class Router:
         serving = [e for e in endpoints if profile.name in e.models or profile.triton_model in e.not_ready]
         if hints.forbid_remote:
             local = [e for e in serving if not e.config.remote]
-            if serving and not local:
+            # an unreachable local endpoint may serve it once back: that is 503, not a client error
+            unreachable_local = any(not e.config.remote and not e.healthy for e in endpoints)
+            if serving and not local and not unreachable_local:
                 raise InvalidRequest(
                     "X-SIE-Remote: forbid, but this model is only served remotely", param="X-SIE-Remote"
                 )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gateway.contracts.profile_checks import check_against_profile
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.errors import GatewayError, MalformedWorkerResponse, UpstreamTimeout
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
@@ -88,6 +88,8 @@ class GenerationSession:
                 choice["completion_tokens"] = event.completion_tokens
                 choice["stop_reason"] = event.stop_reason
             prompt_tokens = max(prompt_tokens, event.prompt_tokens)
+        if any(c["finish_reason"] is None for c in choices.values()) or len(choices) < self.request.n:
+            raise MalformedWorkerResponse("the model ended without closing every choice")
         for choice in choices.values():
             choice["text"] = "".join(choice["text"])
             choice["reasoning"] = "".join(choice["reasoning"]) or None

@@ -65,9 +65,12 @@ async def sse_events(
         log.exception("stream failed")
         yield SSEvent(data=orjson.dumps(renderer.error_chunk(GatewayError("internal error while streaming"))))
     finally:
-        if pending is not None:
-            pending.cancel()
         if gone is not None:
             gone.cancel()
+        if pending is not None:
+            # the model stream is mid-`anext`: let the cancellation unwind it before closing it,
+            # else `aclose()` finds the generator still running and the Triton call leaks
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         await events.aclose()
     yield DONE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.domain import GenerationRequest
+from gateway.errors import GatewayError
 from gateway.router import RoutingHints, parse_machine_profile, parse_pool, parse_remote
 
 
@@ -41,6 +42,9 @@ async def collect_or_cancel(coro, req):
         if task in done:
             return task.result()
         task.cancel()
-        raise asyncio.CancelledError("client disconnected")
+        await asyncio.gather(task, return_exceptions=True)  # the Triton call is closed once this returns
+        # nobody reads this answer; it ends the request quietly (an escaping CancelledError is
+        # logged by the server as a crash) and counts as 499 "client closed request" in metrics
+        raise GatewayError("the client closed the request", code="cancelled", status=499)
     finally:
         gone.cancel()

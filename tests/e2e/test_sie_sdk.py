@@ -155,7 +155,7 @@ def test_unknown_model_is_model_not_found(sdk, scenario):
     assert error["status_code"] == 404
     assert error["code"] == "model_not_found"
     assert error["param"] == "model"
-    assert "no-such-org/no-such-model" in error["message"]
+    assert "no-such-model" in error["message"]
 
 
 def test_output_cap_is_context_exceeded(sdk):

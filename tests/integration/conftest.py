@@ -8,6 +8,7 @@ in `gw.fake(url).calls` (requests, and whether the upstream generator was closed
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from gateway.triton.client import UpstreamUnavailable
 MODEL = "acme/Tiny-1.5B-Instruct"  # canonical id: a slash and dots, as real ids have
 SIE_MODEL = "acme__Tiny-1.5B-Instruct"
 TRITON_MODEL = "tiny"
-MAX_OUTPUT = 256
+MAX_OUTPUT = 2048
 
 BASE_PARAMS: dict[str, str] = {
     "served_name": MODEL,
@@ -75,6 +76,7 @@ class Call:
     cancelled: bool = False  # the gateway cancelled/closed it while it was still producing
     closed: bool = False  # the generator's `finally` ran (always, once the gateway is done with it)
     first_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    order: int = field(default_factory=itertools.count().__next__)  # global call order
 
 
 Script = list[Any] | Callable[[GenerationRequest], list[Any]]
@@ -140,7 +142,12 @@ class Gateway:
 
     @property
     def calls(self) -> list[Call]:
-        return [c for f in self.fakes.values() for c in f.calls]
+        """Every call on every endpoint, in the order the gateway made them."""
+        return sorted((c for f in self.fakes.values() for c in f.calls), key=lambda c: c.order)
+
+    def served_by(self) -> list[str]:
+        """The endpoint url of each call, in call order."""
+        return [url for _, url in sorted((c.order, url) for url, f in self.fakes.items() for c in f.calls)]
 
     async def chat(self, headers: dict[str, str] | None = None, **body: Any) -> httpx.Response:
         payload = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}

@@ -1,0 +1,90 @@
+"""Gateway auth (sie-contract.md 1.6, Decisions 1 and 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import SIE_MODEL, assert_error, assert_sie_headers
+
+TOKENS = ("tok-one", "tok-two")
+
+
+@pytest.fixture
+async def secured(make_gateway):
+    return await make_gateway(auth_mode="token", auth_tokens=TOKENS)
+
+
+async def test_auth_mode_none_needs_no_token(gw):
+    assert (await gw.chat()).status_code == 200
+    assert (await gw.chat(headers={"Authorization": "Bearer whatever"})).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [
+    {"Authorization": "Bearer tok-one"},
+    {"Authorization": "bearer tok-two"},
+    {"Authorization": "BEARER   tok-one  "},
+    {"Authorization": "tok-one"},  # a raw token value
+    {"x-api-key": "tok-two"},
+    {"X-API-Key": "tok-one"},
+])
+async def test_valid_token_admits(secured, headers):
+    assert (await secured.chat(headers=headers)).status_code == 200
+    assert (await secured.generate(headers=headers)).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [
+    {"Authorization": "Bearer wrong"},
+    {"Authorization": "Bearer tok-one-and-more"},
+    {"x-api-key": "tok"},
+    {"Authorization": "Basic dG9rLW9uZQ=="},
+])
+async def test_wrong_token_is_401(secured, headers):
+    for resp in (await secured.chat(headers=headers), await secured.generate(headers=headers)):
+        err = assert_error(resp, 401, "UNAUTHORIZED", None, "authentication_error")
+        assert err["message"] == "Invalid token"
+    assert not secured.calls
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": ""}, {"x-api-key": " "}])
+async def test_missing_token_is_401(secured, headers):
+    resp = await secured.chat(headers=headers)
+    err = assert_error(resp, 401, "UNAUTHORIZED", None, "authentication_error")
+    assert err["message"] == "Missing Authorization header"
+
+
+async def test_bare_bearer_is_401(secured):
+    assert_error(await secured.chat(headers={"Authorization": "Bearer "}), 401, "UNAUTHORIZED", None)
+
+
+async def test_auth_runs_before_body_parsing(secured):
+    resp = await secured.client.post("/v1/chat/completions", content=b"{not json")
+    assert_error(resp, 401, "UNAUTHORIZED", None)
+    resp = await secured.client.post(f"/v1/generate/{SIE_MODEL}", content=b"[")
+    assert_error(resp, 401, "UNAUTHORIZED", None)
+    # and before the body-size limit
+    resp = await secured.client.post("/v1/chat/completions", content=b"x" * (17 * 1024 * 1024))
+    assert_error(resp, 401, "UNAUTHORIZED", None)
+    # with a token the same bodies get their real errors
+    resp = await secured.client.post("/v1/chat/completions", content=b"{not json",
+                                     headers={"x-api-key": "tok-one"})
+    assert_error(resp, 400, "invalid_request", None)
+
+
+async def test_token_mode_without_tokens_is_500(make_gateway):
+    gw = await make_gateway(auth_mode="token", auth_tokens=())
+    resp = await gw.chat(headers={"Authorization": "Bearer anything"})
+    err = assert_error(resp, 500, "GATEWAY_AUTH_MISCONFIGURED", None, "server_error")
+    assert "no tokens configured" in err["message"]
+    assert (await gw.client.get("/healthz")).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/openapi.json"])
+async def test_operational_routes_are_open(secured, path):
+    resp = await secured.client.get(path)
+    assert resp.status_code == 200
+    assert_sie_headers(resp)
+
+
+async def test_model_list_needs_a_token(secured):
+    assert_error(await secured.client.get("/v1/models"), 401, "UNAUTHORIZED", None)
+    assert (await secured.client.get("/v1/models", headers={"x-api-key": "tok-two"})).status_code == 200

@@ -1,0 +1,206 @@
+"""Path rules, model resolution, capacity and worker errors, timeouts (sie-contract.md 2.1, 2.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import MalformedWorkerResponse, worker_error
+from gateway.triton.client import UpstreamUnavailable
+from tests.integration.conftest import (BASE_PARAMS, HANG, MODEL, SIE_MODEL, TRITON_MODEL, Delay, assert_error, ev,
+                                        tokens)
+
+
+# -- generate path -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/v1/generate/acme/Tiny-1.5B-Instruct", "/v1/generate/acme%2FTiny-1.5B-Instruct",
+                                  "/v1/generate/acme%2fTiny-1.5B-Instruct"])
+async def test_slash_in_path_names_the_safe_form(gw, path):
+    resp = await gw.client.post(path, json={"prompt": "x", "max_new_tokens": 1})
+    err = assert_error(resp, 400, "invalid_request", "model", "invalid_request_error")
+    assert "acme__Tiny-1.5B-Instruct" in err["message"]
+    assert not gw.calls
+
+
+async def test_empty_model_path(gw):
+    resp = await gw.client.post("/v1/generate/", json={"prompt": "x", "max_new_tokens": 1})
+    err = assert_error(resp, 400, "invalid_request", "model")
+    assert "empty" in err["message"]
+
+
+async def test_path_checked_before_body(gw):
+    resp = await gw.client.post("/v1/generate/a%2Fb", content=b"{not json")
+    assert_error(resp, 400, "invalid_request", "model")
+
+
+@pytest.mark.parametrize("model", [SIE_MODEL, "acme__Tiny-1_dot_5B-Instruct", TRITON_MODEL,
+                                   f"{SIE_MODEL}:default"])
+async def test_accepted_model_spellings(gw, model):
+    resp = await gw.generate(model=model)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == MODEL
+
+
+async def test_chat_accepts_canonical_safe_and_profile_suffix(gw):
+    for model in (MODEL, SIE_MODEL, f"{MODEL}:default"):
+        resp = await gw.chat(model=model)
+        assert resp.status_code == 200, (model, resp.text)
+        assert resp.json()["model"] == MODEL
+
+
+async def test_unknown_model_is_404(gw):
+    resp = await gw.generate(model="acme__Nope")
+    err = assert_error(resp, 404, "model_not_found", "model", "model_not_found")
+    assert err["message"] == "Model 'acme__Nope' not found"
+    resp = await gw.chat(model="acme/Nope")
+    assert_error(resp, 404, "model_not_found", "model", "model_not_found")
+    assert not gw.calls
+
+
+async def test_unconfigured_profile_suffix_is_503(gw):
+    resp = await gw.generate(model=f"{SIE_MODEL}:h100")
+    assert_error(resp, 503, "transport_failure", "X-SIE-MACHINE-PROFILE")
+
+
+# -- discovery: loading, Triton down --------------------------------------------------------------
+
+async def test_loading_model_is_503_model_loading(make_gateway):
+    def setup(fakes):
+        # the model is still loading: Triton knows its name but has no config for it yet
+        fakes["a"].models = [("tiny_1_5b_instruct", "LOADING", {}), ("other", "READY", {"served_name": "x/other"})]
+
+    gw = await make_gateway(setup=setup)
+    for resp in (await gw.generate(model="tiny_1_5b_instruct"), await gw.generate(model=SIE_MODEL),
+                 await gw.chat(model=MODEL)):
+        assert_error(resp, 503, "MODEL_LOADING", None, "server_error")
+        assert resp.headers["retry-after"] == "5"
+    # once it is ready, it serves
+    gw.fake().models = [("tiny_1_5b_instruct", "READY", dict(BASE_PARAMS))]
+    await gw.registry.refresh()
+    assert (await gw.chat()).status_code == 200
+
+
+async def test_triton_down_is_503_with_retry_after(make_gateway):
+    def setup(fakes):
+        fakes["a"].down = True
+
+    gw = await make_gateway(setup=setup)
+    for resp in (await gw.chat(), await gw.generate(), await gw.chat(stream=True)):
+        assert_error(resp, 503, "transport_failure", None, "server_error")
+        assert resp.headers["retry-after"] == "5"
+    gw.fake().down = False
+    await gw.registry.refresh()
+    assert (await gw.chat()).status_code == 200
+
+
+async def test_unreachable_triton_during_request_is_503(gw):
+    gw.fake().script = [UpstreamUnavailable("Triton is unavailable (unavailable)")]
+    resp = await gw.generate()
+    assert_error(resp, 503, "transport_failure", None)
+    assert resp.headers["retry-after"] == "5"
+
+
+# -- worker errors before the first event ---------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("code", "status", "type_", "retry_after"),
+    [
+        ("QUEUE_FULL", 503, "server_error", "1"),
+        ("RESOURCE_EXHAUSTED", 503, "server_error", "5"),
+        ("context_exceeded", 400, "context_length_exceeded", None),
+        ("invalid_request", 400, "invalid_request_error", None),
+        ("rate_limit_exceeded", 429, "rate_limit_error", "1"),
+        ("cancelled", 408, "server_error", None),
+    ],
+)
+@pytest.mark.parametrize("route", ["chat", "generate"])
+async def test_worker_error_status(gw, code, status, type_, retry_after, route):
+    gw.fake().script = [worker_error(code, "worker said no", param="prompt" if status == 400 else None)]
+    resp = await (gw.chat() if route == "chat" else gw.generate())
+    err = assert_error(resp, status, code, "prompt" if status == 400 else None, type_)
+    assert err["message"] == "worker said no"
+    assert resp.headers.get("retry-after") == retry_after
+    assert gw.calls[0].closed
+
+
+async def test_unknown_worker_code_is_500_inference_error(gw):
+    gw.fake().script = [worker_error("kaboom", "engine crashed")]
+    assert_error(await gw.generate(), 500, "inference_error", None, "server_error")
+
+
+async def test_worker_error_after_tokens_on_blocking_request(gw):
+    gw.fake().script = [ev("a"), worker_error("QUEUE_FULL", "late")]
+    resp = await gw.chat()
+    assert_error(resp, 503, "QUEUE_FULL", None)
+
+
+async def test_max_tokens_over_model_cap_is_context_exceeded_before_dispatch(gw):
+    resp = await gw.chat(max_tokens=5000)
+    assert_error(resp, 400, "context_exceeded", "max_tokens", "context_length_exceeded")
+    resp = await gw.generate(max_new_tokens=5000)
+    assert_error(resp, 400, "context_exceeded", "max_new_tokens")
+    assert not gw.calls
+
+
+async def test_unknown_lora_adapter_before_dispatch(gw):
+    resp = await gw.chat(lora_adapter="nope")
+    assert_error(resp, 400, "unknown_lora_adapter", "lora_adapter", "invalid_request_error")
+    assert (await gw.chat(lora_adapter="sql")).status_code == 200
+
+
+async def test_validation_error_names_field(gw):
+    resp = await gw.generate(max_new_tokens=0)
+    assert_error(resp, 400, "invalid_request", "max_new_tokens")
+    resp = await gw.chat(functions=[])
+    assert_error(resp, 400, "unsupported_field", "functions")
+    assert not gw.calls
+
+
+# -- malformed worker responses -------------------------------------------------------------------
+
+@pytest.mark.parametrize("route", ["chat", "generate"])
+async def test_malformed_worker_response_is_500(gw, route):
+    gw.fake().script = [MalformedWorkerResponse("model response violates the tensor contract")]
+    resp = await (gw.chat() if route == "chat" else gw.generate())
+    assert_error(resp, 500, "malformed_worker_response", None, "server_error")
+
+
+@pytest.mark.parametrize("route", ["chat", "generate"])
+async def test_stream_without_terminal_is_malformed(gw, route):
+    gw.fake().script = [ev("a", prompt=1), ev("b", prompt=1)]  # the model never closes the choice
+    resp = await (gw.chat() if route == "chat" else gw.generate())
+    assert_error(resp, 500, "malformed_worker_response", None, "server_error")
+
+
+# -- timeouts -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_first_chunk_timeout_is_504(make_gateway, stream):
+    gw = await make_gateway(first_chunk_timeout_s=0.1)
+    gw.fake().script = [HANG]
+    resp = await gw.chat(stream=stream)
+    assert_error(resp, 504, "first_chunk_timeout", None, "server_error")
+    (call,) = gw.calls
+    assert call.cancelled and call.closed
+
+
+async def test_inter_chunk_timeout_on_blocking_request_is_502(make_gateway):
+    gw = await make_gateway(inter_chunk_timeout_s=0.1)
+    gw.fake().script = [ev("a"), HANG]
+    resp = await gw.generate()
+    assert_error(resp, 502, "inter_chunk_timeout", None, "server_error")
+    assert gw.calls[0].cancelled
+
+
+async def test_overall_timeout_is_504(make_gateway):
+    gw = await make_gateway(overall_timeout_s=0.3, inter_chunk_timeout_s=5)
+    gw.fake().script = [ev("a")] + [Delay(0.05), ev("b")] * 40 + tokens("end")
+    resp = await gw.generate()
+    assert_error(resp, 504, "overall_timeout", None)
+    assert gw.calls[0].cancelled
+
+
+async def test_slow_but_steady_model_is_not_timed_out(make_gateway):
+    gw = await make_gateway(first_chunk_timeout_s=0.3, inter_chunk_timeout_s=0.3)
+    gw.fake().script = [Delay(0.1), ev("a"), Delay(0.1), ev("b"), Delay(0.1), ev("c", finish="stop", completion=3)]
+    resp = await gw.generate()
+    assert resp.status_code == 200 and resp.json()["text"] == "abc"

@@ -1,0 +1,123 @@
+"""SIE-native generate: blocking body (sie-contract.md 2.5) and GenerateChunk SSE (2.6)."""
+
+from __future__ import annotations
+
+from gateway.errors import worker_error
+from tests.integration.conftest import DONE, HANG, MODEL, SIE_MODEL, TRITON_MODEL, Delay, ev, parse_sse, tokens
+
+LOGPROB = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
+
+
+async def test_blocking_body(gw):
+    gw.fake().script = [ev("Once", prompt=4), Delay(0.02), ev(" more", prompt=4), Delay(0.02),
+                        ev(" time", finish="length", prompt=4, completion=3)]
+    resp = await gw.generate(max_new_tokens=3)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"model", "text", "finish_reason", "usage", "attempt_id", "ttft_ms", "tpot_ms"}
+    assert body["model"] == MODEL  # canonical, not the __ path form
+    assert body["text"] == "Once more time"
+    assert body["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert isinstance(body["attempt_id"], str) and body["attempt_id"]
+    assert isinstance(body["ttft_ms"], float) and body["ttft_ms"] >= 0
+    assert isinstance(body["tpot_ms"], float) and body["tpot_ms"] >= 10  # two ~20 ms gaps over 2 tokens
+    (call,) = gw.calls
+    assert call.triton_model == TRITON_MODEL
+    assert call.req.prompt == "Once upon" and call.req.messages is None
+    assert call.req.max_tokens == 3 and call.req.stream is False
+    assert call.request_id == resp.headers["x-sie-request-id"]
+
+
+async def test_blocking_single_token_has_numeric_fields(gw):
+    gw.fake().script = tokens("x", prompt=1)
+    body = (await gw.generate()).json()
+    assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert "attempt_id" in body and "ttft_ms" in body and "tpot_ms" in body
+
+
+async def test_stream_sequence(gw):
+    gw.fake().script = tokens("a", "b", "c", prompt=2)
+    resp = await gw.generate(stream=True)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert resp.headers["cache-control"] == "no-cache"
+    assert resp.headers["x-accel-buffering"] == "no"
+    request_id = resp.headers["x-sie-request-id"]
+    items = parse_sse(resp.text)
+    assert items[-1] == DONE and items.count(DONE) == 1
+    events = items[:-1]
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert all(e["request_id"] == request_id for e in events)
+    *deltas, terminal = events
+    assert [(e["text_delta"], e["done"]) for e in deltas] == [("a", False), ("b", False), ("c", False)]
+    assert all(set(e) == {"request_id", "seq", "text_delta", "done"} for e in deltas)
+    assert terminal["done"] is True and terminal["text_delta"] == ""
+    assert terminal["finish_reason"] == "stop"
+    assert terminal["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    assert isinstance(terminal["ttft_ms"], float)
+    assert "error" not in terminal
+
+
+async def test_stream_logprobs(gw):
+    gw.fake().script = [ev("Hi", logprobs=[LOGPROB]), ev("", finish="stop", prompt=1, completion=1)]
+    items = parse_sse((await gw.generate(stream=True, logprobs=True, top_logprobs=1)).text)
+    assert items[0]["logprobs"] == [LOGPROB]
+    assert gw.calls[0].req.logprobs is True
+
+
+async def test_stream_worker_error_terminal(gw):
+    gw.fake().script = [ev("a"), ev("b"), worker_error("grammar_invalid", "bad grammar", param="grammar")]
+    resp = await gw.generate(stream=True)
+    items = parse_sse(resp.text)
+    assert items[-1] == DONE and items.count(DONE) == 1
+    *deltas, terminal = items[:-1]
+    assert [d["text_delta"] for d in deltas] == ["a", "b"]
+    assert terminal == {"request_id": resp.headers["x-sie-request-id"], "seq": 2, "text_delta": "", "done": True,
+                        "finish_reason": "error",
+                        "error": {"message": "bad grammar", "param": "grammar", "code": "grammar_invalid"}}
+
+
+async def test_stream_resource_exhausted_carries_retry_after(gw):
+    gw.fake().script = [ev("a"), worker_error("RESOURCE_EXHAUSTED", "out of KV cache")]
+    items = parse_sse((await gw.generate(stream=True)).text)
+    assert items[-2]["error"] == {"message": "out of KV cache", "param": None, "code": "RESOURCE_EXHAUSTED",
+                                  "retry_after_s": 5}
+
+
+async def test_stream_inter_chunk_timeout_terminal(make_gateway):
+    gw = await make_gateway(inter_chunk_timeout_s=0.1, keepalive_interval_s=5)
+    gw.fake().script = [ev("a"), HANG]
+    items = parse_sse((await gw.generate(stream=True)).text)
+    assert items[-1] == DONE
+    terminal = items[-2]
+    assert terminal["done"] is True and terminal["finish_reason"] == "error"
+    assert terminal["error"]["code"] == "inter_chunk_timeout"
+    assert gw.calls[0].cancelled
+
+
+async def test_stream_error_before_first_event_is_http_error(gw):
+    gw.fake().script = [worker_error("context_exceeded", "prompt too long", param="prompt")]
+    resp = await gw.generate(stream=True)
+    assert resp.status_code == 400
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.json() == {"error": {"message": "prompt too long", "type": "context_length_exceeded",
+                                     "param": "prompt", "code": "context_exceeded"}}
+
+
+async def test_keepalive_on_native_stream(make_gateway):
+    gw = await make_gateway(keepalive_interval_s=0.05)
+    gw.fake().script = [ev("a"), Delay(0.2), ev("b", finish="stop", completion=2)]
+    text = (await gw.generate(stream=True)).text
+    assert ": keep-alive\n\n" in text
+    assert text.index(": keep-alive") > text.index('"text_delta":"a"')
+    assert text.endswith("data: [DONE]\n\n")
+
+
+async def test_dotted_canonical_id_accepted_in_path(gw):
+    resp = await gw.generate(model="acme__Tiny-1_dot_5B-Instruct")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == MODEL
+    resp = await gw.generate(model=SIE_MODEL)
+    assert resp.status_code == 200, resp.text

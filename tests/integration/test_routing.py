@@ -1,0 +1,152 @@
+"""Routing headers and multi-endpoint behaviour (sie-contract.md 1.3, 1.4, Decision 15)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.settings import EndpointConfig, PoolConfig
+from gateway.triton.client import UpstreamUnavailable
+from tests.integration.conftest import SIE_MODEL, assert_error, assert_sie_headers, one_pool, tokens
+
+LOCAL_AND_REMOTE = (one_pool(EndpointConfig(url="a"), EndpointConfig(url="b", remote=True)),)
+TWO_LOCAL = (one_pool(EndpointConfig(url="a"), EndpointConfig(url="b")),)
+TWO_POOLS = (
+    one_pool(EndpointConfig(url="a")),
+    PoolConfig("gpu", "l4", (EndpointConfig(url="c"),)),
+)
+
+
+async def test_same_routing_key_same_endpoint(make_gateway):
+    gw = await make_gateway(pools=TWO_LOCAL)
+    for key in ("user-1", "user-2", "user-3", "user-4"):
+        before = len(gw.calls)
+        for _ in range(4):
+            assert (await gw.chat(routing_key=key)).status_code == 200
+        urls = {url for url, fake in gw.fakes.items() for c in fake.calls if c.req.routing_key == key}
+        assert len(urls) == 1, (key, urls)
+        assert len(gw.calls) == before + 4
+    # prompt_cache_key is an affinity key too
+    for _ in range(3):
+        await gw.generate(prompt_cache_key="doc-9")
+    assert len({url for url, f in gw.fakes.items() for c in f.calls if c.req.prompt_cache_key == "doc-9"}) == 1
+
+
+async def test_affinity_keys_spread_over_endpoints(make_gateway):
+    gw = await make_gateway(pools=TWO_LOCAL)
+    for i in range(24):
+        await gw.chat(routing_key=f"k{i}")
+    assert set(gw.served_by()) == {"a", "b"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_failure_before_first_token_is_retried_on_other_endpoint(make_gateway, stream):
+    gw = await make_gateway(pools=TWO_LOCAL)
+    failures = []
+
+    def flaky_once(req):
+        if not failures:
+            failures.append(1)
+            return [UpstreamUnavailable("connection refused")]
+        return tokens("ok")
+
+    for fake in gw.fakes.values():
+        fake.script = flaky_once
+    resp = await gw.chat(stream=stream)
+    assert resp.status_code == 200, resp.text
+    assert "ok" in resp.text
+    first, second = gw.served_by()
+    assert first != second
+    # the failed endpoint leaves routing until the next refresh
+    assert not next(e for e in gw.registry.endpoints if e.name == first).healthy
+
+
+async def test_all_endpoints_failing_is_503(make_gateway):
+    gw = await make_gateway(pools=TWO_LOCAL)
+    for fake in gw.fakes.values():
+        fake.script = [UpstreamUnavailable("connection refused")]
+    resp = await gw.generate()
+    assert_error(resp, 503, "transport_failure", None)
+    assert resp.headers["retry-after"] == "5"
+    assert len(gw.calls) == 2
+
+
+async def test_remote_forbid_routes_local_only(make_gateway):
+    gw = await make_gateway(pools=LOCAL_AND_REMOTE)
+    for i in range(10):
+        resp = await gw.chat(routing_key=f"k{i}", headers={"X-SIE-Remote": "forbid"})
+        assert resp.status_code == 200
+    assert set(gw.served_by()) == {"a"}
+
+
+async def test_remote_forbid_with_only_remote_endpoints_is_400(make_gateway):
+    gw = await make_gateway(pools=(one_pool(EndpointConfig(url="b", remote=True)),))
+    resp = await gw.generate(headers={"X-SIE-Remote": "forbid"})
+    assert_error(resp, 400, "invalid_request", "X-SIE-Remote")
+    assert (await gw.generate()).status_code == 200  # without the header the remote endpoint serves
+    assert len(gw.fake("b").calls) == 1  # only the request without the header reached it
+
+
+async def test_remote_forbid_with_unhealthy_local_is_503_retry_after_5(make_gateway):
+    def setup(fakes):
+        fakes["a"].down = True
+
+    gw = await make_gateway(pools=LOCAL_AND_REMOTE, setup=setup)
+    resp = await gw.chat(headers={"X-SIE-Remote": "forbid"})
+    assert_error(resp, 503, "transport_failure", None)
+    assert resp.headers["retry-after"] == "5"
+    assert (await gw.chat()).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [
+    [("X-SIE-Remote", "allow")],
+    [("X-SIE-Remote", "Forbid")],
+    [("X-SIE-Remote", "")],
+    [("X-SIE-Remote", "forbid, forbid")],
+    [("X-SIE-Remote", "forbid"), ("X-SIE-Remote", "forbid")],
+])
+async def test_remote_header_other_values_are_400(gw, headers):
+    resp = await gw.client.post(f"/v1/generate/{SIE_MODEL}", json={"prompt": "x", "max_new_tokens": 1},
+                                headers=headers)
+    err = assert_error(resp, 400, "invalid_request", "X-SIE-Remote")
+    assert err["message"] == "X-SIE-Remote accepts only one value: 'forbid'"
+    assert not gw.calls
+
+
+@pytest.mark.parametrize("pool", ["bad pool", "_default", "_DEFAULT", "x" * 129, "a/b"])
+async def test_invalid_pool_is_400(gw, pool):
+    resp = await gw.chat(headers={"X-SIE-Pool": pool})
+    assert_error(resp, 400, "invalid_request", "pool")
+
+
+async def test_unknown_pool_is_404(gw):
+    resp = await gw.chat(headers={"X-SIE-Pool": "elsewhere"})
+    assert_error(resp, 404, "invalid_request", "pool")
+
+
+async def test_pool_selects_endpoints_case_insensitively(make_gateway):
+    gw = await make_gateway(pools=TWO_POOLS)
+    for _ in range(5):
+        assert (await gw.chat(headers={"X-SIE-Pool": "GPU"})).status_code == 200
+    assert set(gw.served_by()) == {"c"}
+
+
+async def test_machine_profile_selects_pool(make_gateway):
+    gw = await make_gateway(pools=TWO_POOLS)
+    for header in ("l4", "gpu/l4"):
+        assert (await gw.generate(headers={"X-SIE-MACHINE-PROFILE": header})).status_code == 200
+    assert (await gw.generate(model=f"{SIE_MODEL}:l4")).status_code == 200
+    assert set(gw.served_by()) == {"c"}
+
+
+async def test_unconfigured_machine_profile_is_503(gw):
+    resp = await gw.chat(headers={"X-SIE-MACHINE-PROFILE": "h100"})
+    assert_error(resp, 503, "transport_failure", "X-SIE-MACHINE-PROFILE")
+    resp = await gw.chat(headers={"X-SIE-MACHINE-PROFILE": "nopool/l4"})
+    assert_error(resp, 404, "invalid_request", "pool")
+
+
+@pytest.mark.parametrize("version", ["0.10.1", "99.0.0", "0.1.0", "not-a-version", ""])
+async def test_sdk_version_is_never_rejected(gw, version):
+    resp = await gw.generate(headers={"X-SIE-SDK-Version": version})
+    assert resp.status_code == 200
+    assert_sie_headers(resp)

@@ -1,0 +1,155 @@
+"""Body limits, malformed bodies, health/readiness, model list, OpenAPI, metrics, response headers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.conftest import MAX_OUTPUT, MODEL, SIE_MODEL, assert_error, assert_sie_headers
+
+
+def big_chat_body(size: int) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * size}]}).encode()
+
+
+async def test_chat_body_over_limit_is_413(make_gateway):
+    gw = await make_gateway(chat_body_limit=1000)
+    resp = await gw.client.post("/v1/chat/completions", content=big_chat_body(2000),
+                                headers={"content-type": "application/json"})
+    err = assert_error(resp, 413, "invalid_request", None, "invalid_request_error")
+    assert err["message"] == "Request body too large (max 1000 bytes)"
+    assert (await gw.client.post("/v1/chat/completions", content=big_chat_body(500))).status_code == 200
+    assert len(gw.calls) == 1
+
+
+async def test_body_limit_holds_without_content_length(make_gateway):
+    gw = await make_gateway(chat_body_limit=1000)
+
+    async def chunks():
+        for _ in range(4):
+            yield b" " * 400
+
+    resp = await gw.client.post("/v1/chat/completions", content=chunks())
+    assert "content-length" not in resp.request.headers
+    assert_error(resp, 413, "invalid_request", None)
+
+
+async def test_generate_body_limit_is_separate(make_gateway):
+    gw = await make_gateway(chat_body_limit=100_000, generate_body_limit=1000)
+    resp = await gw.generate(prompt="x" * 2000)
+    assert_error(resp, 413, "invalid_request", None)
+    assert (await gw.chat(messages=[{"role": "user", "content": "x" * 2000}])).status_code == 200
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"   ", b"\xff\xfe", b'{"model": "a",}'])
+async def test_invalid_json_is_400(gw, raw):
+    for path in ("/v1/chat/completions", f"/v1/generate/{SIE_MODEL}"):
+        resp = await gw.client.post(path, content=raw, headers={"content-type": "application/json"})
+        assert_error(resp, 400, "invalid_request", None, "invalid_request_error")
+
+
+@pytest.mark.parametrize("raw", [b"[]", b"42", b'"text"', b"null"])
+async def test_non_object_body_is_400(gw, raw):
+    for path in ("/v1/chat/completions", f"/v1/generate/{SIE_MODEL}"):
+        resp = await gw.client.post(path, content=raw)
+        assert_error(resp, 400, "invalid_request", None)
+
+
+async def test_healthz(gw):
+    resp = await gw.client.get("/healthz")
+    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    assert_sie_headers(resp)
+
+
+async def test_readyz_follows_triton(gw):
+    resp = await gw.client.get("/readyz")
+    assert resp.status_code == 200
+    assert resp.json() == {"status": "ready", "healthy_workers": 1}
+    gw.fake().down = True
+    resp = await gw.client.get("/readyz")
+    assert resp.status_code == 503
+    assert resp.headers["retry-after"] == "5"
+    assert resp.json()["status"] != "ready"
+    assert_sie_headers(resp)
+    gw.fake().down = False
+    assert (await gw.client.get("/readyz")).status_code == 200
+
+
+async def test_readyz_not_ready_while_only_loading(make_gateway):
+    def setup(fakes):
+        fakes["a"].models = [("tiny", "LOADING", {})]
+
+    gw = await make_gateway(setup=setup)
+    assert (await gw.client.get("/readyz")).status_code == 503
+
+
+async def test_models_list(gw):
+    resp = await gw.client.get("/v1/models")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["object"] == "list"
+    (model,) = body["data"]
+    assert model["id"] == MODEL and model["object"] == "model"
+    assert isinstance(model["created"], int) and model["owned_by"]
+    assert model["sie_id"] == SIE_MODEL
+    assert model["max_output_tokens"] == MAX_OUTPUT
+    assert model["lora_adapters"] == ["sql"]
+    assert model["inputs"] == {"image": False}
+
+
+async def test_models_list_before_first_refresh(make_gateway):
+    gw = await make_gateway(refresh=False)
+    body = (await gw.client.get("/v1/models")).json()
+    assert [m["id"] for m in body["data"]] == [MODEL]
+
+
+async def test_openapi_has_both_contracts(gw):
+    resp = await gw.client.get("/openapi.json")
+    assert resp.status_code == 200
+    doc = resp.json()
+    assert "/v1/chat/completions" in doc["paths"]
+    assert "/v1/generate/{model}" in doc["paths"]
+    assert "post" in doc["paths"]["/v1/chat/completions"]
+    assert "post" in doc["paths"]["/v1/generate/{model}"]
+
+
+async def test_metrics_count_requests(gw):
+    await gw.chat()
+    await gw.generate(model="acme__Missing")
+    resp = await gw.client.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain")
+    lines = resp.text.splitlines()
+    assert any(line.startswith("sie_gateway_requests_total{") and 'route="chat"' in line and 'status="200"' in line
+               for line in lines)
+    assert any(line.startswith("sie_gateway_requests_total{") and 'route="generate"' in line
+               and 'status="404"' in line for line in lines)
+
+
+async def test_sie_headers_on_every_kind_of_response(gw):
+    responses = [
+        await gw.chat(),
+        await gw.chat(stream=True),
+        await gw.generate(),
+        await gw.generate(model="acme__Missing"),
+        await gw.client.post("/v1/chat/completions", content=b"nope"),
+        await gw.client.get("/v1/unknown-route"),
+        await gw.client.get(f"/v1/generate/{SIE_MODEL}"),
+        await gw.client.get("/healthz"),
+        await gw.client.get("/metrics"),
+    ]
+    ids = set()
+    for resp in responses:
+        assert_sie_headers(resp)
+        assert resp.headers["x-sie-server-version"] == "0.10.1"
+        ids.add(resp.headers["x-sie-request-id"])
+    assert len(ids) == len(responses)  # a fresh id per request
+
+
+async def test_unknown_route_and_wrong_method_use_envelope(gw):
+    assert_error(await gw.client.get("/v1/unknown-route"), 404, "invalid_request", None)
+    resp = await gw.client.get(f"/v1/generate/{SIE_MODEL}")
+    assert_error(resp, 405, "invalid_request", None)
+    resp = await gw.client.get("/v1/chat/completions")
+    assert_error(resp, 405, "invalid_request", None)

@@ -1,0 +1,56 @@
+"""Shared fixtures for the engine tests: the real SmolLM2 model, loaded once per test session."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = Path(os.environ.get("SIE_MODEL_CACHE") or REPO / ".cache" / "models") / "SmolLM2-135M-Instruct"
+ENGINE_SLOTS = 4
+ENGINE_MAX_LEN = 256
+
+
+def _require_model() -> None:
+    if not (MODEL_DIR / "config.json").exists():
+        pytest.skip(f"model not prepared at {MODEL_DIR} (run `make model`)")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    _require_model()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def real_engine():
+    """One started LLMEngine (small: 4 slots, 256 positions) for the whole session."""
+    _require_model()
+    import torch
+
+    from engine.engine import EngineConfig, LLMEngine
+
+    torch.manual_seed(0)
+    eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=ENGINE_SLOTS, max_len=ENGINE_MAX_LEN, threads=2))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture
+def make_scheduler(real_engine):
+    """A synchronous Scheduler over the session model's weights with its own KV cache (stepped by the test)."""
+    from engine.kv_cache import KVCache
+    from engine.scheduler import Scheduler
+
+    def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, prefill_budget: int = 512) -> Scheduler:
+        fwd = copy.copy(real_engine.forward)  # shares the fused weights and RoPE tables
+        fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, max_len, fwd.head_dim, fwd.dtype, fwd.device)
+        return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+
+    return make

@@ -1,0 +1,306 @@
+"""Scheduler and engine behaviour with the real SmolLM2 model (loaded once per session, see conftest.py).
+
+Most tests drive a Scheduler synchronously (one `step()` at a time, on its own KV cache) so that batch
+composition is deterministic; the join/leave and queue tests go through the threaded LLMEngine.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.errors import QueueFull
+from engine.sampling_params import SamplingParams
+from engine.sequence import EngineRequest, RequestOutput
+
+from .conftest import ENGINE_SLOTS
+
+PROMPTS = [
+    "Why is the sky blue?",
+    "Write a haiku about rain.",
+    "Name three primary colors.",
+    "How do bees make honey?",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(real_engine) -> list[list[int]]:
+    return [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+
+
+class Run:
+    """Requests added to a synchronous scheduler; records every output and each candidate's token ids."""
+
+    def __init__(self, sched) -> None:
+        self.sched = sched
+        self.outputs: dict[str, list[RequestOutput]] = {}
+        self.tokens: dict[tuple[str, int], list[int]] = {}
+        self.groups = {}
+        sched.postprocess = self._capture
+
+    def _capture(self, seq) -> dict:
+        self.tokens[(seq.group.request.request_id, seq.index)] = list(seq.output_ids)
+        return {}
+
+    def add(self, rid: str, prompt_ids: list[int], params: SamplingParams, stream: bool = True, is_cancelled=None):
+        self.outputs[rid] = []
+        self.sched.add(EngineRequest(rid, prompt_ids, params, self.outputs[rid].append, stream, is_cancelled))
+        self.groups[rid] = self.sched.waiting[-1]
+
+    def step(self) -> None:
+        self.sched.step()
+
+    def until_done(self, max_steps: int = 500) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work():
+                return
+            self.sched.step()
+        raise AssertionError("scheduler did not finish")
+
+    def text(self, rid: str, index: int = 0) -> str:
+        return "".join(o.text for o in self.outputs[rid] if o.index == index)
+
+    def finals(self, rid: str) -> list[RequestOutput]:
+        return [o for o in self.outputs[rid] if o.final]
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+# -- seeded sampling ------------------------------------------------------------------------------
+
+
+def test_seeded_request_same_tokens_alone_and_in_batch_of_3(make_scheduler, prompts):
+    params = lambda: SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = Run(make_scheduler())
+    alone.add("a", prompts[0], params())
+    alone.until_done()
+
+    batch = Run(make_scheduler())
+    batch.add("x", prompts[1], SamplingParams(temperature=1.0, seed=7, max_tokens=20, ignore_eos=True))
+    batch.add("a", prompts[0], params())
+    batch.add("y", prompts[2], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, ignore_eos=True))
+    batch.step()
+    assert len(batch.sched.decoding) == 3  # really one batch of three
+    batch.until_done()
+
+    assert batch.tokens[("a", 0)] == alone.tokens[("a", 0)]
+    assert len(alone.tokens[("a", 0)]) == 16
+
+    # and joining a batch that is already mid-flight changes nothing either
+    late = Run(make_scheduler())
+    late.add("x", prompts[1], SamplingParams(temperature=1.0, seed=7, max_tokens=20, ignore_eos=True))
+    for _ in range(5):
+        late.step()
+    late.add("a", prompts[0], params())
+    late.until_done()
+    assert late.tokens[("a", 0)] == alone.tokens[("a", 0)]
+
+
+def test_unseeded_requests_differ(make_scheduler, prompts):
+    run = Run(make_scheduler())
+    for rid in ("u1", "u2"):
+        run.add(rid, prompts[0], SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))
+    run.until_done()
+    assert run.tokens[("u1", 0)] != run.tokens[("u2", 0)]
+
+
+# -- greedy matches HF ------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def test_greedy_matches_hf_generate_first_tokens_and_logprobs(real_engine, make_scheduler, prompts):
+    run = Run(make_scheduler())
+    for i, p in enumerate(prompts[:3]):  # batched: three rows of different lengths share the decode steps
+        run.add(f"g{i}", p, greedy(8, logprobs=True, ignore_eos=True))
+    run.until_done()
+    for i, p in enumerate(prompts[:3]):
+        ref = real_engine.model.generate(
+            torch.tensor([p]),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        ref_tokens = ref.sequences[0, len(p) :].tolist()
+        assert run.tokens[(f"g{i}", 0)] == ref_tokens
+        ref_lp = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, ref_tokens)]
+        got_lp = [e["logprob"] for o in run.outputs[f"g{i}"] for e in (o.logprobs or [])]
+        assert got_lp == pytest.approx(ref_lp, abs=2e-3)
+
+
+# -- join / leave / cancel ----------------------------------------------------------------------------
+
+
+def _drain(q: queue.Queue[RequestOutput], timeout: float = 60.0) -> list[RequestOutput]:
+    outs = []
+    while True:
+        out = q.get(timeout=timeout)
+        outs.append(out)
+        if out.final:
+            return outs
+
+
+def test_join_and_leave_mid_flight(real_engine, prompts):
+    ref_long = _drain(real_engine.generate("ref-long", prompts[0], greedy(24, ignore_eos=True)))
+    ref_short = _drain(real_engine.generate("ref-short", prompts[1], greedy(8, ignore_eos=True)))
+
+    q_long = real_engine.generate("long", prompts[0], greedy(24, ignore_eos=True))
+    first = q_long.get(timeout=60)  # the long request is decoding now
+    assert not first.final
+    q_short = real_engine.generate("short", prompts[1], greedy(8, ignore_eos=True))
+    short = _drain(q_short)
+    long = [first, *_drain(q_long)]
+
+    # the short one joined and left while the long one kept decoding
+    assert short[-1].finish_reason == "length" and short[-1].completion_tokens == 8
+    assert long[-1].finish_reason == "length" and long[-1].completion_tokens == 24
+    assert "".join(o.text for o in short) == "".join(o.text for o in ref_short)
+    assert "".join(o.text for o in long) == "".join(o.text for o in ref_long)
+    deadline = time.monotonic() + 5
+    while real_engine.scheduler.has_work() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not real_engine.scheduler.decoding
+
+
+def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
+    ref = Run(make_scheduler())
+    ref.add("keep", prompts[1], greedy(20, ignore_eos=True))
+    ref.until_done()
+
+    run = Run(make_scheduler())
+    cancelled = threading.Event()
+    run.add("victim", prompts[0], greedy(100, ignore_eos=True), is_cancelled=cancelled.is_set)
+    run.add("keep", prompts[1], greedy(20, ignore_eos=True))
+    for _ in range(3):
+        run.step()
+    victim = run.groups["victim"]
+    assert any(s.group is victim for s in run.sched.decoding)
+    assert run.sched.decoding[0].group is victim  # slot 0: its removal moves the other row down
+
+    cancelled.set()
+    run.step()
+    assert all(s.group is not victim for s in run.sched.decoding)
+    assert len(run.sched.decoding) == 1 and run.sched.decoding[0].slot == 0
+    finals = run.finals("victim")
+    assert len(finals) == 1 and finals[0].finish_reason == "cancelled"
+    assert run.outputs["victim"][-1] is finals[0]
+    assert run.sched.stats.cancelled == 1
+
+    run.until_done()
+    # the survivor's KV moved slots and it still produced exactly what it produces alone
+    assert run.tokens[("keep", 0)] == ref.tokens[("keep", 0)]
+    assert run.finals("keep")[0].finish_reason == "length"
+    assert len(run.finals("victim")) == 1  # nothing after the final
+
+
+def test_cancelled_while_waiting_never_runs(make_scheduler, prompts):
+    run = Run(make_scheduler(slots=1))
+    flag = threading.Event()
+    run.add("busy", prompts[0], greedy(6, ignore_eos=True))
+    run.add("queued", prompts[1], greedy(6, ignore_eos=True), is_cancelled=flag.is_set)
+    run.step()
+    assert run.sched.queue_depth == 1
+    flag.set()
+    run.step()
+    assert run.sched.queue_depth == 0
+    assert [o.finish_reason for o in run.outputs["queued"]] == ["cancelled"]
+    run.until_done()
+    assert ("queued", 0) not in run.tokens
+
+
+def test_queue_full_fails_fast(real_engine, prompts):
+    eng = real_engine
+    saved = eng.config.max_queue
+    stop = threading.Event()
+    queues: list[queue.Queue] = []
+
+    def submit(rid: str, prompt_ids, params) -> queue.Queue:
+        q: queue.Queue = queue.Queue()
+        eng.submit(EngineRequest(rid, prompt_ids, params, q.put, True, stop.is_set))
+        queues.append(q)
+        return q
+
+    try:
+        # one request as wide as the engine occupies every slot, so later ones must wait in the queue
+        wide = submit("wide", prompts[0], SamplingParams(n=ENGINE_SLOTS, temperature=1.0, max_tokens=200,
+                                                          ignore_eos=True))
+        wide.get(timeout=60)  # decoding now
+        eng.config.max_queue = 2
+        submit("w0", prompts[1], greedy(4))
+        submit("w1", prompts[1], greedy(4))
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFull) as info:
+            submit("over", prompts[1], greedy(4))
+        assert time.perf_counter() - t0 < 0.05
+        assert info.value.code == "QUEUE_FULL"
+    finally:
+        eng.config.max_queue = saved
+        stop.set()
+    for q in queues:
+        assert _drain(q)[-1].finish_reason == "cancelled"
+
+
+# -- n and best_of -------------------------------------------------------------------------------------
+
+
+def test_n3_streams_three_indexed_choices(make_scheduler, prompts):
+    run = Run(make_scheduler())
+    run.add("n3", prompts[0], SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=10, ignore_eos=True))
+    run.until_done()
+    outs = run.outputs["n3"]
+    assert {o.index for o in outs} == {0, 1, 2}
+    for index in range(3):
+        closing = [o for o in outs if o.index == index and o.finish_reason is not None]
+        assert len(closing) == 1 and closing[0].finish_reason == "length"
+        assert closing[0].completion_tokens == 10
+        assert len(run.tokens[("n3", index)]) == 10
+    assert sum(o.final for o in outs) == 1 and outs[-1].final
+    assert all(o.prompt_tokens == len(prompts[0]) for o in outs)  # the prompt counted once per request
+    assert len({tuple(run.tokens[("n3", i)]) for i in range(3)}) == 3  # distinct candidates
+    assert sum(1 for o in outs if o.text) > 3  # streamed deltas, not one blob per choice
+
+
+def test_best_of_returns_top_n_by_cumulative_logprob(make_scheduler, prompts):
+    run = Run(make_scheduler())
+    params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=11, max_tokens=8, ignore_eos=True, logprobs=True)
+    run.add("bo", prompts[2], params)
+    run.until_done()
+    outs = run.outputs["bo"]
+    assert len(outs) == 2  # buffered: nothing streamed, one closing output per returned choice
+    assert [o.index for o in outs] == [0, 1]
+    assert [o.final for o in outs] == [False, True]
+    assert all(o.finish_reason == "length" and o.completion_tokens == 8 for o in outs)
+    returned = [sum(e["logprob"] for e in o.logprobs) for o in outs]
+    candidates = sorted((s.cum_logprob for s in run.groups["bo"].sequences), reverse=True)
+    assert len(candidates) == 4
+    assert returned == pytest.approx(candidates[:2], abs=1e-4)
+    assert returned[0] >= returned[1]
+
+
+# -- stop strings through the scheduler ---------------------------------------------------------------
+
+
+def test_stop_string_trims_and_reports(make_scheduler, prompts):
+    ref = Run(make_scheduler())
+    ref.add("r", prompts[3], greedy(30, ignore_eos=True))
+    ref.until_done()
+    text = ref.text("r")
+    assert len(text) > 40
+    stop = text[15:27]  # spans several tokens, somewhere in the middle
+    cut = text.index(stop)
+
+    run = Run(make_scheduler())
+    run.add("s", prompts[3], greedy(30, ignore_eos=True, stop=["never-appears", stop]))
+    run.until_done()
+    assert run.text("s") == text[:cut]
+    final = run.finals("s")[0]
+    assert final.finish_reason == "stop" and final.stop_reason == stop
+    assert all(stop not in o.text for o in run.outputs["s"])
