@@ -6,9 +6,17 @@ import pytest
 
 from gateway.errors import MalformedWorkerResponse, worker_error
 from gateway.triton.client import UpstreamUnavailable
-from tests.integration.conftest import (BASE_PARAMS, HANG, MODEL, SIE_MODEL, TRITON_MODEL, Delay, assert_error, ev,
-                                        tokens)
-
+from tests.integration.conftest import (
+    BASE_PARAMS,
+    HANG,
+    MODEL,
+    SIE_MODEL,
+    TRITON_MODEL,
+    Delay,
+    assert_error,
+    ev,
+    tokens,
+)
 
 # -- generate path -----------------------------------------------------------------------------
 
