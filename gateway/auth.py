@@ -7,7 +7,8 @@ import hmac
 from gateway.errors import ServerMisconfigured, Unauthorized
 from gateway.settings import Settings
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/metrics", "/"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs"})
+OPERATIONAL_PATHS = frozenset({"/", "/health", "/metrics"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL
 ENABLED_MODES = frozenset({"token", "static"})
 
 
@@ -24,9 +25,10 @@ class Authenticator:
     def __init__(self, settings: Settings) -> None:
         self.mode = settings.auth_mode
         self.tokens = [t.encode() for t in settings.auth_tokens]
+        self.open_paths = OPEN_PATHS | (OPERATIONAL_PATHS if settings.auth_exempt_operational else frozenset())
 
     def check(self, path: str, authorization: str | None, api_key: str | None) -> None:
-        if path in OPEN_PATHS or self.mode == "none":
+        if path in self.open_paths or self.mode == "none":
             return
         if self.mode not in ENABLED_MODES or not self.tokens:
             raise ServerMisconfigured("Gateway auth enabled but no tokens configured")

@@ -27,6 +27,7 @@ class GenerationRequest:
     model: str  # as the client wrote it (canonical or SIE-safe); resolved by the registry
     max_tokens: int
     max_tokens_param: str  # the field that set max_tokens (for context_exceeded errors)
+    max_tokens_defaulted: bool = False  # no field set it: the gateway default, clamped to the model cap
     prompt: str | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     stream: bool = False

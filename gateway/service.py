@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -45,10 +46,12 @@ class GenerationSession:
                 if timeout <= 0:
                     raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout")
                 try:
-                    event = await asyncio.wait_for(anext(self.stream), timeout)
+                    # asyncio.timeout costs a timer handle; wait_for would cost a task per token
+                    async with asyncio.timeout(timeout):
+                        event = await anext(self.stream)
                 except StopAsyncIteration:
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if time.monotonic() >= self.deadline:
                         raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout") from None
                     raise UpstreamTimeout("no output from the model in time", code="inter_chunk_timeout",
@@ -108,10 +111,14 @@ class GenerationService:
         self.registry = registry
         self.router = Router(registry)
 
-    def resolve(self, req: GenerationRequest) -> tuple[ModelProfile, str | None]:
+    def resolve(self, req: GenerationRequest) -> tuple[GenerationRequest, ModelProfile, str | None]:
+        """Resolve the model and apply its profile: the request as it will run, or a contract error."""
         profile, machine_profile = self.registry.resolve(req.model)
+        if req.max_tokens_defaulted and req.max_tokens > profile.max_output_tokens:
+            # the client set no cap: the gateway default must not turn into a context_exceeded error
+            req = dataclasses.replace(req, max_tokens=profile.max_output_tokens)
         check_against_profile(req, profile)
-        return profile, machine_profile
+        return req, profile, machine_profile
 
     async def open(
         self, req: GenerationRequest, profile: ModelProfile, hints: RoutingHints, request_id: str
@@ -125,7 +132,8 @@ class GenerationService:
             endpoint.outstanding += 1
             try:
                 timeout = min(self.settings.first_chunk_timeout_s, deadline - started)
-                first = await asyncio.wait_for(anext(stream), timeout)
+                async with asyncio.timeout(timeout):
+                    first = await anext(stream)
             except UpstreamUnavailable as exc:
                 # nothing was generated yet: another endpoint can take the request
                 endpoint.outstanding -= 1
@@ -134,9 +142,11 @@ class GenerationService:
                 log.warning("endpoint %s failed before the first token; trying another", endpoint.name)
                 last_error = exc
                 continue
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 endpoint.outstanding -= 1
                 await stream.aclose()
+                if self.settings.overall_timeout_s <= self.settings.first_chunk_timeout_s:
+                    raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout") from None
                 raise UpstreamTimeout("no output from the model in time", code="first_chunk_timeout") from None
             except StopAsyncIteration:
                 endpoint.outstanding -= 1

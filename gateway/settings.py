@@ -32,6 +32,7 @@ class Settings:
     default_pool: str = "default"
     auth_mode: str = "none"
     auth_tokens: tuple[str, ...] = ()
+    auth_exempt_operational: bool = False
     default_max_tokens: int = 1024
     chat_body_limit: int = 16 * 1024 * 1024
     generate_body_limit: int = 24 * 1024 * 1024
@@ -53,6 +54,7 @@ class Settings:
             default_pool=pools[0].name,
             auth_mode=env.get("SIE_AUTH_MODE", "none").strip().lower() or "none",
             auth_tokens=tuple(t.strip() for t in tokens.split(",") if t.strip()),
+            auth_exempt_operational=env.get("SIE_AUTH_EXEMPT_OPERATIONAL", "").lower() in ("1", "true", "yes"),
             default_max_tokens=int(env.get("SIE_GATEWAY_DEFAULT_MAX_TOKENS", "1024")),
             chat_body_limit=int(env.get("SIE_GATEWAY_CHAT_BODY_LIMIT", str(16 * 1024 * 1024))),
             generate_body_limit=int(env.get("SIE_GATEWAY_GENERATE_BODY_LIMIT", str(24 * 1024 * 1024))),

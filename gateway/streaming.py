@@ -1,27 +1,31 @@
 """SSE driver shared by both contracts: framing, keep-alives, in-band errors, the single [DONE].
 
 Status and headers are already sent when this runs (the first event arrived before the stream
-opened), so any failure from here on becomes an error event followed by `data: [DONE]`. A client
-disconnect cancels the model stream at once, even while waiting for the next token.
+opened), so any failure from here on becomes an error event followed by `data: [DONE]`.
+
+Hot path: a pump task reads the model stream into a queue; the writer drains whatever is queued
+and sends it as one body chunk, so a burst of tokens costs one socket write, not one per token.
+A client disconnect cancels the pump (and so the Triton request) at once, even mid-silence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
-from falcon.asgi import SSEvent
 
 from gateway.domain import GenerationEvent
 from gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
 
-DONE = SSEvent(data=b"[DONE]")
-KEEPALIVE = SSEvent(comment="keep-alive")
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+_END = object()  # the model stream finished
+_GONE = object()  # the client disconnected
 
 
 class StreamRenderer(Protocol):
@@ -30,47 +34,75 @@ class StreamRenderer(Protocol):
     def error_chunk(self, error: GatewayError) -> dict[str, Any]: ...
 
 
-async def sse_events(
+def frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+async def _pump(events: AsyncIterator[GenerationEvent], queue: asyncio.Queue) -> None:
+    try:
+        async for event in events:
+            queue.put_nowait(event)
+        queue.put_nowait(_END)
+    except asyncio.CancelledError:
+        raise
+    except GatewayError as exc:
+        queue.put_nowait(exc)
+    except Exception as exc:  # noqa: BLE001 - reported in-band, never as a dropped connection
+        log.exception("stream failed")
+        queue.put_nowait(GatewayError(f"internal error while streaming ({type(exc).__name__})"))
+
+
+async def sse_stream(
     events: AsyncIterator[GenerationEvent],
     renderer: StreamRenderer,
     keepalive_s: float,
-    disconnected: asyncio.Event | None,
-) -> AsyncIterator[SSEvent]:
-    gone = asyncio.ensure_future(disconnected.wait()) if disconnected is not None else None
-    pending: asyncio.Future | None = None
+    watch_disconnect: Callable[[], Awaitable[None]] | None,
+) -> AsyncIterator[bytes]:
+    queue: asyncio.Queue = asyncio.Queue()
+    pump = asyncio.create_task(_pump(events, queue))
+    watcher = None
+    if watch_disconnect is not None:
+        async def on_disconnect() -> None:
+            await watch_disconnect()
+            pump.cancel()
+            queue.put_nowait(_GONE)
+
+        watcher = asyncio.create_task(on_disconnect())
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            waiters = {pending} if gone is None else {pending, gone}
-            done, _ = await asyncio.wait(waiters, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
-            if gone is not None and gone in done:
-                return  # client left: `finally` cancels the model stream
-            if not done:
+            try:
+                async with asyncio.timeout(keepalive_s):
+                    item = await queue.get()
+            except TimeoutError:
                 yield KEEPALIVE
                 continue
-            future, pending = pending, None
-            try:
-                event = future.result()
-            except StopAsyncIteration:
-                break
-            for chunk in renderer.on_event(event):
-                yield SSEvent(data=orjson.dumps(chunk))
-        usage = renderer.usage_chunk()
-        if usage is not None:
-            yield SSEvent(data=orjson.dumps(usage))
-    except GatewayError as exc:
-        yield SSEvent(data=orjson.dumps(renderer.error_chunk(exc)))
-    except Exception:
-        log.exception("stream failed")
-        yield SSEvent(data=orjson.dumps(renderer.error_chunk(GatewayError("internal error while streaming"))))
+            parts: list[bytes] = []
+            finished = False
+            while True:
+                if item is _GONE:
+                    return  # nobody is reading; `finally` has cancelled the model stream
+                if item is _END:
+                    usage = renderer.usage_chunk()
+                    if usage is not None:
+                        parts.append(frame(usage))
+                    finished = True
+                elif isinstance(item, GatewayError):
+                    parts.append(frame(renderer.error_chunk(item)))
+                    finished = True
+                else:
+                    parts.extend(frame(chunk) for chunk in renderer.on_event(item))
+                if finished or queue.empty():
+                    break
+                item = queue.get_nowait()
+            if finished:
+                parts.append(DONE)
+                yield b"".join(parts)
+                return
+            if parts:
+                yield b"".join(parts)
     finally:
-        if gone is not None:
-            gone.cancel()
-        if pending is not None:
-            # the model stream is mid-`anext`: let the cancellation unwind it before closing it,
-            # else `aclose()` finds the generator still running and the Triton call leaks
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
+        pump.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        await asyncio.gather(pump, return_exceptions=True)
         await events.aclose()
-    yield DONE

@@ -248,12 +248,14 @@ class ChatCompletionRequest(ContractModel):
 
     def to_generation_request(self, default_max_tokens: int) -> GenerationRequest:
         """The wire-neutral request (`user` and `safety_identifier` are dropped here)."""
+        defaulted = False
         if self.max_completion_tokens is not None:
             max_tokens, max_param = self.max_completion_tokens, "max_completion_tokens"
         elif self.max_tokens is not None:
             max_tokens, max_param = self.max_tokens, "max_tokens"
         else:
             max_tokens, max_param = default_max_tokens, "max_completion_tokens"
+            defaulted = True
         images = [(i, j, img) for i, m in enumerate(self.messages) for j, img in m.images]
         image_param = f"messages[{images[0][0]}].content[{images[0][1]}].type" if images else None
         stream = bool(self.stream)
@@ -262,6 +264,7 @@ class ChatCompletionRequest(ContractModel):
             model=self.model,
             max_tokens=max_tokens,
             max_tokens_param=max_param,
+            max_tokens_defaulted=defaulted,
             messages=tuple(m.as_dict() for m in self.messages),
             stream=stream,
             # stream_options is legal but ignored on blocking requests.

@@ -10,10 +10,10 @@ from gateway.body import read_json_body
 from gateway.contracts.chat import parse_chat_request
 from gateway.metrics import TTFT
 from gateway.render.chat import ChatStreamRenderer, render_chat_completion
-from gateway.resources.common import collect_or_cancel, disconnected_event, routing_hints, set_sse_headers
+from gateway.resources.common import collect_or_cancel, routing_hints, set_sse_headers
 from gateway.service import GenerationService
 from gateway.settings import Settings
-from gateway.streaming import sse_events
+from gateway.streaming import sse_stream
 
 
 class ChatCompletionsResource:
@@ -24,7 +24,7 @@ class ChatCompletionsResource:
     async def on_post(self, req, resp) -> None:
         body = await read_json_body(req, self.settings.chat_body_limit)
         greq = parse_chat_request(body, default_max_tokens=self.settings.default_max_tokens)
-        profile, machine_profile = self.service.resolve(greq)
+        greq, profile, machine_profile = self.service.resolve(greq)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id
@@ -34,8 +34,8 @@ class ChatCompletionsResource:
         if greq.stream:
             set_sse_headers(resp)
             renderer = ChatStreamRenderer(greq, request_id, created, profile.name, profile.reasoning)
-            resp.sse = sse_events(session.events(), renderer, self.settings.keepalive_interval_s,
-                                  disconnected_event(req))
+            resp.stream = sse_stream(session.events(), renderer, self.settings.keepalive_interval_s,
+                                     req.scope.get("sie.watch_disconnect"))
             return
         result = await collect_or_cancel(session.collect(), req)
         resp.content_type = "application/json"

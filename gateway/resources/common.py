@@ -21,11 +21,8 @@ def routing_hints(req, greq: GenerationRequest, model_profile: str | None) -> Ro
     )
 
 
-def disconnected_event(req) -> asyncio.Event | None:
-    return req.scope.get("sie.disconnected")
-
-
 def set_sse_headers(resp) -> None:
+    resp.content_type = "text/event-stream"
     resp.set_header("Cache-Control", "no-cache")
     resp.set_header("X-Accel-Buffering", "no")
 

@@ -8,13 +8,13 @@ import orjson
 
 from gateway.body import read_json_body
 from gateway.contracts.generate import parse_generate_request
-from gateway.errors import InvalidRequest, WorkerError
+from gateway.errors import InvalidRequest, WorkerError, worker_error
 from gateway.metrics import TTFT
 from gateway.render.generate import GenerateStreamRenderer, render_generate_response
-from gateway.resources.common import collect_or_cancel, disconnected_event, routing_hints, set_sse_headers
+from gateway.resources.common import collect_or_cancel, routing_hints, set_sse_headers
 from gateway.service import GenerationService
 from gateway.settings import Settings
-from gateway.streaming import sse_events
+from gateway.streaming import sse_stream
 
 PREFIX = "/v1/generate/"
 
@@ -48,7 +48,7 @@ class GenerateResource:
         model = model_from_path(req)
         body = await read_json_body(req, self.settings.generate_body_limit)
         greq = parse_generate_request(body, model)
-        profile, machine_profile = self.service.resolve(greq)
+        greq, profile, machine_profile = self.service.resolve(greq)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id
@@ -57,13 +57,16 @@ class GenerateResource:
         if greq.stream:
             set_sse_headers(resp)
             renderer = GenerateStreamRenderer(greq, request_id, session.ttft_s * 1000)
-            resp.sse = sse_events(session.events(), renderer, self.settings.keepalive_interval_s,
-                                  disconnected_event(req))
+            resp.stream = sse_stream(session.events(), renderer, self.settings.keepalive_interval_s,
+                                     req.scope.get("sie.watch_disconnect"))
             return
         result = await collect_or_cancel(session.collect(), req)
         choice = result.choices.get(0)
         if choice is None or choice.get("finish_reason") is None:
             raise WorkerError("the model ended without a result", code="malformed_worker_response")
+        if choice["finish_reason"] in ("cancelled", "error"):
+            raise worker_error(choice["finish_reason"] if choice["finish_reason"] == "cancelled" else "inference_error",
+                               "the model did not complete the request")
         attempt_id = f"{request_id}.{session.endpoint.name}"
         resp.content_type = "application/json"
         resp.data = orjson.dumps(render_generate_response(greq, result, profile.name, attempt_id))

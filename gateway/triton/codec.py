@@ -65,14 +65,17 @@ def decode_response(response: service_pb2.ModelInferResponse) -> tuple[Generatio
         (final,) = raw["is_final"]
         logprobs_raw = _read_bytes(raw["logprobs"])
         extras_raw = _read_bytes(raw["extras"])
-    except (KeyError, struct.error, UnicodeDecodeError, ValueError) as exc:
+        extras: dict[str, Any] = orjson.loads(extras_raw) if extras_raw else {}
+        logprobs = orjson.loads(logprobs_raw) if logprobs_raw else None
+        if not isinstance(extras, dict):
+            raise ValueError("extras is not a JSON object")
+    except (KeyError, struct.error, UnicodeDecodeError, ValueError) as exc:  # orjson errors are ValueErrors
         raise MalformedResponse(f"model response violates the tensor contract: {exc}") from None
-    extras: dict[str, Any] = orjson.loads(extras_raw) if extras_raw else {}
     event = GenerationEvent(
         index=index,
         text=text,
         finish_reason=finish,
-        logprobs=orjson.loads(logprobs_raw) if logprobs_raw else None,
+        logprobs=logprobs,
         tool_calls=extras.get("tool_calls"),
         reasoning=extras.get("reasoning_content"),
         prompt_tokens=prompt_tokens,
