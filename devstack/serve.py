@@ -40,16 +40,25 @@ def start_gateway(grpc_port: int, gateway_port: int, extra_env: dict[str, str] |
 
 
 def stop(proc: subprocess.Popen | None, timeout: float = 20.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left."""
-    if proc is None or proc.poll() is not None:
+    """SIGTERM the process group, then SIGKILL whatever is left.
+
+    "Whatever is left" includes members that outlive the leader: when tritonserver gives up at
+    its exit timeout, its Python-backend stub (same group) keeps running, holding the model.
+    """
+    if proc is None:
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        except ProcessLookupError:
+            pass
+    try:  # the group id is ours while any member lives (start_new_session made the leader its own group)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 

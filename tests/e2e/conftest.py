@@ -14,6 +14,7 @@ import pytest
 
 from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+from tests.tiny_vlm import ensure_tiny_vlm
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SIE_MODEL = "HuggingFaceTB__SmolLM2-135M-Instruct"
@@ -56,6 +57,7 @@ class Stack:
 def stack(tmp_path_factory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack-logs")
     ports = TritonPorts(free_port(), free_port(), free_port())
+    ensure_tiny_vlm()  # model_repository/tiny_vlm serves it; `make model` normally built it already
     triton = start_triton(REPO_ROOT / "model_repository", ports, log_dir / "triton.log")
     gateway = None
     try:

@@ -110,7 +110,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # keep stdout pure JSON
         pass
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         with self.server.lock:
             refuse, self.server.armed = self.server.armed, False

@@ -82,8 +82,9 @@ def two_tritons(tmp_path_factory) -> Iterator[TwoTritons]:
         _wait_both_discovered(stack)
         yield stack
     finally:
-        with ThreadPoolExecutor(3) as pool:  # each may take its graceful timeout; in parallel
-            list(pool.map(stop, [gateway, *(node.proc for node in nodes)]))
+        # in parallel, and not past Triton's own 10 s exit timeout: the survivor tends to sit it out
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda proc: stop(proc, timeout=12), [gateway, *(node.proc for node in nodes)]))
         if os.environ.get("CI"):
             for path in sorted(Path(tmp).glob("*.log")):
                 print(f"--- tail of {path.name} ---\n" + path.read_text(errors="replace")[-3000:])
@@ -133,7 +134,7 @@ def _placement(stack: TwoTritons, send, n: int = 4) -> dict[str, float]:
 
 def test_same_routing_key_lands_on_one_triton(two_tritons):
     for key in ("user-alpha", "user-beta", "user-gamma"):
-        delta = _placement(two_tritons, lambda: _generate(two_tritons.base_url, routing_key=key))
+        delta = _placement(two_tritons, lambda key=key: _generate(two_tritons.base_url, routing_key=key))
         assert sorted(delta.values()) == [0, 4], (key, delta)
 
 
@@ -144,7 +145,7 @@ def test_same_routing_key_streaming_lands_on_one_triton(two_tritons):
 
 def test_same_prompt_cache_key_lands_on_one_triton(two_tritons):
     for key in ("cache-1", "cache-2"):
-        delta = _placement(two_tritons, lambda: _chat(two_tritons.base_url, prompt_cache_key=key))
+        delta = _placement(two_tritons, lambda key=key: _chat(two_tritons.base_url, prompt_cache_key=key))
         assert sorted(delta.values()) == [0, 4], (key, delta)
 
 

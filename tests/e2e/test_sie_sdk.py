@@ -26,7 +26,7 @@ DRIVER = Path(__file__).with_name("sdk_driver.py")
 
 def _works(python: str | Path, code: str) -> bool:
     try:
-        return subprocess.run([str(python), "-c", code], capture_output=True, timeout=60).returncode == 0
+        return subprocess.run([str(python), "-c", code], check=False, capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -55,7 +55,7 @@ def sdk_python() -> Path:
     shutil.rmtree(SDK_VENV, ignore_errors=True)
     steps = [[base, "-m", "venv", str(SDK_VENV)], [str(python), "-m", "pip", "install", "-q", SDK_REQUIREMENT]]
     for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(step, check=False, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             pytest.skip(f"could not install {SDK_REQUIREMENT} into {SDK_VENV}: {done.stderr.strip()[-800:]}")
     if not _works(python, check):
@@ -70,7 +70,7 @@ def sdk(sdk_python, stack):
     def run(scenario: str, base_url: str | None = None) -> dict:
         done = subprocess.run(
             [str(sdk_python), str(DRIVER), scenario, base_url or stack.base_url, MODEL],
-            capture_output=True, text=True, timeout=300,
+            check=False, capture_output=True, text=True, timeout=300,
             env={**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"},
         )
         assert done.returncode == 0, f"driver failed ({done.returncode}):\n{done.stderr[-3000:]}"

@@ -1,0 +1,168 @@
+"""Faults against real processes: tritonserver killed and restarted, slow readers, a malformed model,
+client disconnects cancelling the engine, and logs that never carry prompts or secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from devstack.serve import start_gateway, stop
+from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+from tests.e2e.conftest import MODEL, free_port, wait_http
+
+STUB = "sie-test__stub-tokens"
+SECRET_PROMPT = "zebra-violet-secret-prompt-4711"
+SECRET_USER = "user-secret-8832"
+SECRET_SAFETY = "safety-secret-1199"
+TOKEN = "tok-secret-5521"
+
+
+class StubStack:
+    def __init__(self, tmp_path) -> None:
+        self.logs = tmp_path
+        self.ports = TritonPorts(free_port(), free_port(), free_port())
+        self.triton = None
+        self.start_triton()
+        self.port = free_port()
+        self.gateway = start_gateway(
+            self.ports.grpc, self.port, workers=1, log_path=tmp_path / "gateway.log",
+            extra_env={"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS": TOKEN, "SIE_GATEWAY_MODEL_REFRESH_S": "1"})
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_http(self.url + "/readyz")
+        self.headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def start_triton(self) -> None:
+        self.triton = start_triton(REPO_ROOT / "tests" / "stub_repository", self.ports, self.logs / "triton.log")
+        wait_ready(self.ports, self.triton, timeout=120)
+
+    def kill_triton(self) -> None:
+        os.killpg(self.triton.pid, signal.SIGKILL)
+        self.triton.wait()
+
+    def close(self) -> None:
+        stop(self.gateway)
+        stop(self.triton)
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    s = StubStack(tmp_path_factory.mktemp("stub-stack"))
+    yield s
+    s.close()
+
+
+def _generate(stub: StubStack, tokens: int, stream: bool, **extra) -> httpx.Response:
+    return httpx.post(f"{stub.url}/v1/generate/{STUB}", headers=stub.headers, timeout=60,
+                      json={"prompt": "hi", "max_new_tokens": tokens, "stream": stream, **extra})
+
+
+def test_malformed_model_output_is_a_500_and_the_gateway_stays_healthy(stub):
+    r = httpx.post(f"{stub.url}/v1/generate/sie-test__malformed-output", headers=stub.headers,
+                   json={"prompt": "hi", "max_new_tokens": 3}, timeout=30)
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "malformed_worker_response"
+    assert _generate(stub, 3, False).status_code == 200
+
+
+def test_slow_reader_does_not_stall_other_streams(stub):
+    body = json.dumps({"prompt": "hi", "max_new_tokens": 50000, "stream": True}).encode()
+    slow = socket.create_connection(("127.0.0.1", stub.port))
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.sendall(b"POST /v1/generate/" + STUB.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    stop_reading = threading.Event()
+
+    def read_slowly() -> None:
+        while not stop_reading.is_set():
+            slow.recv(1)
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    time.sleep(1.0)  # the slow stream is open and backed up
+    started = time.monotonic()
+    results = []
+
+    def fast() -> None:
+        r = _generate(stub, 500, True)
+        results.append(r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"))
+
+    threads = [threading.Thread(target=fast) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    elapsed = time.monotonic() - started
+    stop_reading.set()
+    slow.close()
+    assert results == [True, True, True]
+    assert elapsed < 20
+
+
+def test_tritonserver_killed_mid_stream_then_back(stub):
+    events = []
+    errors = []
+    with httpx.stream("POST", f"{stub.url}/v1/generate/{STUB}", headers=stub.headers, timeout=60,
+                      json={"prompt": "hi", "max_new_tokens": 90000, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:]
+            events.append(payload)
+            if len(events) == 50:
+                stub.kill_triton()
+            if payload != "[DONE]" and json.loads(payload).get("error"):
+                errors.append(json.loads(payload))
+    assert events[-1] == "[DONE]"
+    assert len(errors) == 1 and errors[0]["finish_reason"] == "error" and errors[0]["done"] is True
+    blocking = _generate(stub, 3, False)
+    assert blocking.status_code == 503 and "Retry-After" in blocking.headers
+    assert httpx.get(stub.url + "/readyz", timeout=10).status_code == 503
+    stub.start_triton()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if _generate(stub, 3, False).status_code == 200:
+            break
+        time.sleep(0.5)
+    assert _generate(stub, 3, False).status_code == 200
+    assert httpx.get(stub.url + "/readyz", timeout=10).status_code == 200
+
+
+def test_logs_never_carry_prompts_or_secrets(stub):
+    httpx.post(f"{stub.url}/v1/chat/completions", headers=stub.headers, timeout=30, json={
+        "model": "sie-test/stub-tokens", "max_tokens": 2, "user": SECRET_USER, "safety_identifier": SECRET_SAFETY,
+        "messages": [{"role": "user", "content": SECRET_PROMPT}]})
+    httpx.post(f"{stub.url}/v1/chat/completions", headers={"Authorization": "Bearer wrong-" + TOKEN}, timeout=30,
+               json={"model": "x", "messages": [{"role": "user", "content": SECRET_PROMPT}]})
+    _generate(stub, 2, False, prompt=SECRET_PROMPT, safety_identifier=SECRET_SAFETY)
+    time.sleep(0.5)
+    for name in ("gateway.log", "triton.log"):
+        text = (stub.logs / name).read_text(errors="replace")
+        for secret in (SECRET_PROMPT, SECRET_USER, SECRET_SAFETY, TOKEN):
+            assert secret not in text, f"{secret} leaked into {name}"
+
+
+def test_client_disconnect_cancels_the_engine_request(stack):
+    before = stack.triton_metric("sie_engine_cancelled_total")
+    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", timeout=60, json={
+            "model": MODEL, "max_tokens": 1500, "stream": True, "temperature": 0.7,
+            "messages": [{"role": "user", "content": "Tell me a very long story."}]}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 5:
+                break  # leave mid-stream: closing the response drops the connection
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and stack.triton_metric("sie_engine_cancelled_total") <= before:
+        time.sleep(0.25)
+    assert stack.triton_metric("sie_engine_cancelled_total") == before + 1
+    while time.monotonic() < deadline and stack.triton_metric("sie_engine_running_sequences") > 0:
+        time.sleep(0.25)
+    assert stack.triton_metric("sie_engine_running_sequences") == 0
