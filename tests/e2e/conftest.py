@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 import urllib.request
@@ -17,6 +18,8 @@ from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from tests.tiny_vlm import ensure_tiny_vlm
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+STUB = "sie-test__stub-tokens"  # tests/stub_repository: no torch, emits N tokens
+TOKEN = "tok-secret-5521"
 SIE_MODEL = "HuggingFaceTB__SmolLM2-135M-Instruct"
 
 
@@ -82,3 +85,45 @@ def openai_client(stack: Stack):
     import openai
 
     return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+class StubStack:
+    def __init__(self, tmp_path) -> None:
+        self.logs = tmp_path
+        self.ports = TritonPorts(free_port(), free_port(), free_port())
+        self.triton = None
+        self.start_triton()
+        self.port = free_port()
+        self.gateway = start_gateway(
+            self.ports.grpc, self.port, workers=1, log_path=tmp_path / "gateway.log",
+            extra_env={"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS": TOKEN, "SIE_GATEWAY_MODEL_REFRESH_S": "1"})
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_http(self.url + "/readyz")
+        self.headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def start_triton(self) -> None:
+        self.triton = start_triton(REPO_ROOT / "tests" / "stub_repository", self.ports, self.logs / "triton.log")
+        wait_ready(self.ports, self.triton, timeout=120)
+
+    def kill_triton(self) -> None:
+        os.killpg(self.triton.pid, signal.SIGKILL)
+        self.triton.wait()
+
+    def close(self) -> None:
+        stop(self.gateway)
+        stop(self.triton)
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    s = StubStack(tmp_path_factory.mktemp("stub-stack"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def stub(tmp_path_factory) -> Iterator[StubStack]:
+    """tritonserver on the stub repository + a gateway with token auth (fast, restartable)."""
+    s = StubStack(tmp_path_factory.mktemp("stub-stack"))
+    yield s
+    s.close()

@@ -4,58 +4,17 @@ client disconnects cancelling the engine, and logs that never carry prompts or s
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import threading
 import time
 
 import httpx
-import pytest
 
-from devstack.serve import start_gateway, stop
-from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
-from tests.e2e.conftest import MODEL, free_port, wait_http
+from tests.e2e.conftest import MODEL, STUB, TOKEN, StubStack
 
-STUB = "sie-test__stub-tokens"
 SECRET_PROMPT = "zebra-violet-secret-prompt-4711"
 SECRET_USER = "user-secret-8832"
 SECRET_SAFETY = "safety-secret-1199"
-TOKEN = "tok-secret-5521"
-
-
-class StubStack:
-    def __init__(self, tmp_path) -> None:
-        self.logs = tmp_path
-        self.ports = TritonPorts(free_port(), free_port(), free_port())
-        self.triton = None
-        self.start_triton()
-        self.port = free_port()
-        self.gateway = start_gateway(
-            self.ports.grpc, self.port, workers=1, log_path=tmp_path / "gateway.log",
-            extra_env={"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS": TOKEN, "SIE_GATEWAY_MODEL_REFRESH_S": "1"})
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_http(self.url + "/readyz")
-        self.headers = {"Authorization": f"Bearer {TOKEN}"}
-
-    def start_triton(self) -> None:
-        self.triton = start_triton(REPO_ROOT / "tests" / "stub_repository", self.ports, self.logs / "triton.log")
-        wait_ready(self.ports, self.triton, timeout=120)
-
-    def kill_triton(self) -> None:
-        os.killpg(self.triton.pid, signal.SIGKILL)
-        self.triton.wait()
-
-    def close(self) -> None:
-        stop(self.gateway)
-        stop(self.triton)
-
-
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    s = StubStack(tmp_path_factory.mktemp("stub-stack"))
-    yield s
-    s.close()
 
 
 def _generate(stub: StubStack, tokens: int, stream: bool, **extra) -> httpx.Response:
