@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import falcon
 import falcon.asgi
@@ -22,6 +23,7 @@ from gateway.service import GenerationService
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("gateway.access")
 
 _ROUTE_NAMES = {"/v1/chat/completions": "chat"}
 
@@ -58,17 +60,24 @@ async def _unexpected(req, resp, ex: Exception, params) -> None:
 
 
 class _Observe:
-    """Request counters and latency by route/status/model (the model is known after resolution)."""
+    """Request counters, latency (to the response start) and one structured log line per request."""
 
     async def process_request(self, req, resp) -> None:
+        req.context.started = time.perf_counter()
         IN_FLIGHT.labels(route=_route(req.path)).inc()
 
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
         route = _route(req.path)
         IN_FLIGHT.labels(route=route).dec()
         model = getattr(req.context, "model", "") or ""
-        REQUESTS.labels(route=route, status=resp.status_code if hasattr(resp, "status_code") else resp.status,
-                        model=model).inc()
+        status = resp.status_code
+        elapsed = time.perf_counter() - req.context.started
+        REQUESTS.labels(route=route, status=status, model=model).inc()
+        if route != "other":
+            LATENCY.labels(route=route, model=model).observe(elapsed)
+            access_log.info("request", extra={"request_id": getattr(req.context, "request_id", None),
+                                              "route": route, "status": status, "model": model,
+                                              "ms": round(elapsed * 1000, 3)})
 
 
 def create_app(settings: Settings, registry: ModelRegistry | None = None) -> falcon.asgi.App:

@@ -1,8 +1,9 @@
 """ASGI entry point for gunicorn/uvicorn: `gunicorn -c docker/gunicorn.conf.py gateway.asgi:app`."""
 
-import logging
-
 from gateway.app import create_asgi
+from gateway.logs import configure_logging
+from gateway.settings import Settings
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-app = create_asgi()
+settings = Settings.from_env()
+configure_logging(settings.log_level)
+app = create_asgi(settings)

@@ -42,6 +42,7 @@ class Settings:
     keepalive_interval_s: float = 15.0
     model_refresh_s: float = 5.0
     server_version: str = VERSION
+    log_level: str = "INFO"
     machine_profiles: frozenset[str] = field(default_factory=lambda: frozenset({"default"}))
 
     @classmethod
@@ -63,6 +64,7 @@ class Settings:
             overall_timeout_s=float(env.get("SIE_GATEWAY_OVERALL_TIMEOUT_S", "600")),
             keepalive_interval_s=float(env.get("SIE_GATEWAY_SSE_KEEPALIVE_S", "15")),
             model_refresh_s=float(env.get("SIE_GATEWAY_MODEL_REFRESH_S", "5")),
+            log_level=env.get("GATEWAY_LOG_LEVEL", "INFO").upper(),
             machine_profiles=frozenset(p.machine_profile for p in pools),
         )
 
