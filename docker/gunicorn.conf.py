@@ -52,3 +52,16 @@ control_socket_disable = True
 # stall the heartbeat write and get healthy workers killed.
 if os.path.isdir("/dev/shm"):
     worker_tmp_dir = "/dev/shm"
+
+# Prometheus metrics aggregated across workers: each worker writes to a shared folder, and /metrics
+# (served by any worker) reads them all. A fresh folder per gateway start; dead workers are marked.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    import tempfile
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sie-gateway-metrics-")
+
+
+def child_exit(server, worker) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
