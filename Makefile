@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed  ## venv with the project and every dependency
 
 LORA_DIR := $(SIE_MODEL_CACHE)/smollm2-lora-pirate
+VLM_DIR := $(SIE_MODEL_CACHE)/tiny-llava
 
 $(MODEL_DIR)/.complete: $(VENV)/.installed
 	$(PY) scripts/prepare_model.py --out $(MODEL_DIR)
@@ -27,7 +28,10 @@ $(MODEL_DIR)/.complete: $(VENV)/.installed
 $(LORA_DIR)/.complete: $(MODEL_DIR)/.complete
 	$(PY) scripts/make_lora.py --base $(MODEL_DIR) --out $(LORA_DIR)
 
-model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete  ## convert the GGUF to a local HF folder and build the demo adapter, once
+$(VLM_DIR)/.complete: $(MODEL_DIR)/.complete
+	$(PY) scripts/make_vision_model.py --tokenizer $(MODEL_DIR) --out $(VLM_DIR)
+
+model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete  ## SmolLM2, demo adapter, tiny VLM (once)
 
 serve: model  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
 	GATEWAY_PORT=$(GATEWAY_PORT) $(PY) -m devstack.serve

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.chat import render_chat
 from engine.errors import EngineError, QueueFull
@@ -22,6 +21,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import EngineRequest, RequestOutput
+from engine.vision import VisionPrompter, load_model
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +50,18 @@ class LLMEngine:
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        model = AutoModelForCausalLM.from_pretrained(
-            config.model_path, dtype=_resolve_dtype(config), attn_implementation="sdpa"
-        ).to(config.device)
-        model.eval()
+        # a vision-language model (config with vision_config) comes with its processor; text models with None
+        self.vision: VisionPrompter | None = None
+        model, self.tokenizer, processor = load_model(config.model_path, _resolve_dtype(config), config.device)
         self.model = model
         self.forward = DecoderForward(model, config.max_slots, config.max_len)
+        if processor is not None:
+            self.vision = VisionPrompter(model, processor, self.tokenizer, self.forward.embed)
         self.forward.adapters = load_adapters(model, config.lora_paths or {})
-        self.sampler = Sampler(model.config.vocab_size, self._stop_token_ids(model))
+        self.sampler = Sampler(self.forward.vocab_size, self._stop_token_ids(model))
         self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
-        self.grammars = GrammarCompilerCache(self.tokenizer, model.config.vocab_size, self.sampler.stop_token_set)
+        self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
         self._pending = 0
         self._lock = threading.Lock()
@@ -72,7 +72,7 @@ class LLMEngine:
 
     def _stop_token_ids(self, model) -> set[int]:
         ids: set[int] = set()
-        for source in (model.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None),
+        for source in (self.forward.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None),
                        self.tokenizer.eos_token_id):
             if isinstance(source, int):
                 ids.add(source)
@@ -95,6 +95,20 @@ class LLMEngine:
         if prompt is None:
             raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")
         return self.tokenizer.encode(prompt)
+
+    def encode_inputs(
+        self,
+        prompt: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        params: SamplingParams | None = None,
+        images: list[bytes] | None = None,
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """Prompt ids, plus the prompt's input embeddings when images are present (see engine.vision)."""
+        if not images:
+            return self.encode_prompt(prompt, messages, params), None
+        if self.vision is None:
+            raise EngineError("unsupported_field", "this model does not accept image input", "images")
+        return self.vision.encode(prompt, messages, params, images)
 
     def grammar_factory(self, params: SamplingParams) -> Callable[[], Any] | None:
         """Compile the request's grammar (or its forced tool call) now, off the decode loop.

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from engine.kv_cache import KVCache
 from engine.lora import AdapterTable, LoraBatch
+from engine.vision import language_model
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -47,8 +48,7 @@ class DecoderForward:
     """Prefill and batched decode over a static KV cache; rows are KV cache slots."""
 
     def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
-        config = hf_model.config
-        arch = (config.architectures or ["?"])[0]
+        config, inner, arch = language_model(hf_model)  # a VLM's language model (engine.vision)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {arch} is not supported by engine.forward")
         self.config = config
@@ -59,7 +59,6 @@ class DecoderForward:
         self.vocab_size = config.vocab_size
         param = next(hf_model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        inner = hf_model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
         self.lm_head = hf_model.lm_head.weight.detach()

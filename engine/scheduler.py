@@ -122,9 +122,12 @@ class Scheduler:
             parent.slot = len(self.decoding)
             prompt = group.request.prompt_ids
             chunk = prompt[group.prefilled : group.prefilled + budget]
+            embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
+            if embeds is not None:
+                embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
             try:
                 logits = self.forward.prefill(parent.slot, torch.tensor(chunk), group.prefilled,
-                                              adapter=group.params.lora_adapter)
+                                              adapter=group.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
                 log.exception("prefill failed for %s", group.request.request_id)
                 self.abort(group, "error", EngineError("inference_error", f"prefill failed: {type(exc).__name__}"))

@@ -42,6 +42,7 @@ class EngineRequest:
     stream: bool = True
     is_cancelled: Callable[[], bool] | None = None
     images: list[Any] = field(default_factory=list)
+    prompt_embeds: torch.Tensor | None = None  # [prompt_len, hidden] input embeddings when images are present
     arrival: float = field(default_factory=time.monotonic)
     grammar: Callable[[], Any] | None = None  # makes the per-sequence grammar state
 
@@ -90,7 +91,9 @@ class Sequence:
         self.output_ids.append(token)
         self.cum_logprob += logprob
         if self._counts is not None:
-            self._counts[token] += 1
+            # the counts were created inside the sampler's inference_mode: update them there too
+            with torch.inference_mode():
+                self._counts[token] += 1
 
     def fork(self, index: int, generator: torch.Generator, tokenizer) -> "Sequence":
         child = Sequence(self.group, index, generator, tokenizer)

@@ -50,6 +50,14 @@ def _input_str(request, name: str) -> str | None:
         raise EngineError("invalid_request", f"{name} is not valid UTF-8", name) from None
 
 
+def _input_bytes_list(request, name: str) -> list[bytes]:
+    """Every element of a BYTES tensor (e.g. `images`: raw image file bytes), or [] when absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return []
+    return [bytes(v) if not isinstance(v, str) else v.encode("latin-1") for v in tensor.as_numpy().reshape(-1)]
+
+
 def _input_bool(request, name: str) -> bool:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False
@@ -111,10 +119,13 @@ class TritonPythonModel:
         params = SamplingParams.from_dict(params_dict, self.defaults)
         messages_raw = _input_str(request, "messages")
         messages = json.loads(messages_raw) if messages_raw else None
-        prompt_ids = self.engine.encode_prompt(_input_str(request, "text_input"), messages, params)
+        images = _input_bytes_list(request, "images")
+        prompt_ids, embeds = self.engine.encode_inputs(_input_str(request, "text_input"), messages, params, images)
         return EngineRequest(
             request_id=request.request_id() or "",
             prompt_ids=prompt_ids,
+            images=images,
+            prompt_embeds=embeds,
             params=params,
             on_output=lambda out, s=sender: self.outbox.put((s, out)),
             stream=_input_bool(request, "stream"),

@@ -1,0 +1,159 @@
+"""Image input for Llava-style vision-language models, on the same DecoderForward path as text.
+
+A vision model is recognised by `vision_config` in its config. It is loaded with its processor;
+DecoderForward runs its language model (`model.model.language_model` + `model.lm_head`). For a
+request with images the prompt is rendered through the chat template with `<image>` placeholders
+(one user turn for a native prompt; before the text of the last user message for chat), the
+processor expands the placeholders and makes `pixel_values`, and the prompt's input embeddings
+are computed once here: token embeddings with the vision tower + projector features
+(`get_image_features`) scattered into the image-token positions. The scheduler feeds the matching
+slice of them to each prefill chunk; decode is plain token embeddings.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from engine.chat import render_chat
+from engine.errors import EngineError
+
+# text model_type -> the causal-LM architecture DecoderForward knows it as
+TEXT_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+
+
+def is_vision_config(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_model(path: str, dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, Any, Any]:
+    """(model in eval mode on `device`, tokenizer, processor or None for a text-only model)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not is_vision_config(AutoConfig.from_pretrained(path)):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        return model.to(device).eval(), tokenizer, None
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).eval(), processor.tokenizer, processor
+
+
+def language_model(hf_model: torch.nn.Module) -> tuple[Any, torch.nn.Module, str]:
+    """(text config, decoder module with embed_tokens/layers/norm, causal-LM architecture name)."""
+    config = hf_model.config
+    if not is_vision_config(config):
+        return config, hf_model.model, (config.architectures or ["?"])[0]
+    text_config = config.get_text_config()
+    inner = getattr(hf_model.model, "language_model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ValueError(f"{type(hf_model).__name__}: no language model with decoder layers found")
+    return text_config, inner, TEXT_ARCHITECTURES.get(text_config.model_type, text_config.model_type)
+
+
+def decode_images(images: list[bytes]) -> list[Any]:
+    """Raw image file bytes -> RGB PIL images; anything Pillow cannot decode is the request's fault."""
+    from PIL import Image
+
+    out = []
+    for i, data in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                out.append(img.convert("RGB"))
+        except Exception as exc:  # noqa: BLE001 - UnidentifiedImageError, truncated data, decompression bomb, ...
+            raise EngineError("invalid_request", f"image {i} could not be decoded: {type(exc).__name__}",
+                              "images") from None
+    return out
+
+
+def with_image_parts(messages: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """Put `count` image parts before the text of the last user message."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            break
+    else:
+        raise EngineError("invalid_request", "images need a user message to attach to", "messages")
+    message = dict(messages[index])
+    text = message.get("content")
+    parts = [{"type": "image"} for _ in range(count)]
+    if isinstance(text, list):
+        parts += [p for p in text if p.get("type") != "image"]
+    else:
+        parts.append({"type": "text", "text": text or ""})
+    message["content"] = parts
+    return [*messages[:index], message, *messages[index + 1:]]
+
+
+class VisionPrompter:
+    """Turns a prompt or chat plus images into (prompt token ids, prompt input embeddings)."""
+
+    def __init__(self, hf_model: torch.nn.Module, processor: Any, tokenizer: Any, embed: torch.Tensor) -> None:
+        self.model = hf_model
+        self.processor = processor
+        self.tokenizer = tokenizer
+        self.embed = embed  # the language model's token embedding table (DecoderForward's)
+        config = hf_model.config
+        self.image_token_id = getattr(config, "image_token_id", None)
+        if self.image_token_id is None:
+            self.image_token_id = config.image_token_index
+        param = next(hf_model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+
+    def encode(
+        self,
+        prompt: str | None,
+        messages: list[dict[str, Any]] | None,
+        params: Any,
+        images: list[bytes],
+    ) -> tuple[list[int], torch.Tensor]:
+        pil_images = decode_images(images)
+        if messages is None:
+            if prompt is None:
+                raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")
+            messages = [{"role": "user", "content": prompt}]  # native generate: one user turn
+        tools = params.tools if params is not None and params.tool_choice != "none" else None
+        kwargs = params.chat_template_kwargs if params is not None else None
+        text = render_chat(self.tokenizer, with_image_parts(messages, len(pil_images)), tools, kwargs)
+        try:
+            enc = self.processor(text=text, images=pil_images, return_tensors="pt", add_special_tokens=False)
+        except EngineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. placeholder/image count mismatch: the request's fault
+            raise EngineError("invalid_request", f"images could not be processed: {exc}", "images") from None
+        ids = enc["input_ids"][0]
+        return ids.tolist(), self.embeddings(ids, enc["pixel_values"])
+
+    @torch.inference_mode()
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[images, 3, H, W] -> [image tokens, hidden] through the vision tower and the projector."""
+        out = self.model.get_image_features(pixel_values=pixel_values.to(self.device, self.dtype))
+        feats = getattr(out, "pooler_output", out)
+        if isinstance(feats, (list, tuple)):
+            feats = torch.cat([f.reshape(-1, f.shape[-1]) for f in feats])
+        return feats.reshape(-1, feats.shape[-1])
+
+    @torch.inference_mode()
+    def embeddings(self, ids: torch.Tensor, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Prompt input embeddings [T, hidden]: token embeddings with image features at image tokens."""
+        ids = ids.to(self.embed.device)
+        h = self.embed[ids].clone()
+        feats = self.image_features(pixel_values).to(h.dtype)
+        mask = ids == self.image_token_id
+        if int(mask.sum()) != feats.shape[0]:
+            raise EngineError(
+                "invalid_request",
+                f"the prompt has {int(mask.sum())} image tokens for {feats.shape[0]} image features",
+                "images",
+            )
+        h[mask] = feats
+        return h
