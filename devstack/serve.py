@@ -32,7 +32,7 @@ def start_gateway(grpc_port: int, gateway_port: int, extra_env: dict[str, str] |
     if workers is not None:
         env["GATEWAY_WORKERS"] = str(workers)
     env.update(extra_env or {})
-    out = open(log_path, "ab") if log_path else None
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child process
     return subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", str(REPO_ROOT / "docker" / "gunicorn.conf.py"), "gateway.asgi:app"],
         cwd=REPO_ROOT, env=env, start_new_session=True, stdout=out or None, stderr=subprocess.STDOUT if out else None,

@@ -83,7 +83,7 @@ def start_triton(
     repo: Path, ports: TritonPorts, log_path: Path | None = None, extra: list[str] | None = None
 ) -> subprocess.Popen:
     build_dir = REPO_ROOT / "build"
-    out = open(log_path, "ab") if log_path else None
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child process
     return subprocess.Popen(
         triton_command(repo, ports, build_dir, extra),
         env=triton_env(),

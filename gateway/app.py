@@ -17,8 +17,7 @@ from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.generate import GenerateResource
-from gateway.resources.health import (HealthResource, MetricsResource, ModelsResource, OpenAPIResource,
-                                      ReadyResource)
+from gateway.resources.health import HealthResource, MetricsResource, ModelsResource, OpenAPIResource, ReadyResource
 from gateway.service import GenerationService
 from gateway.settings import Settings
 

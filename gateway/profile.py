@@ -36,7 +36,7 @@ class ModelProfile:
         return sie_safe_id(self.name)
 
     @classmethod
-    def from_triton_config(cls, triton_model: str, parameters: dict[str, str]) -> "ModelProfile":
+    def from_triton_config(cls, triton_model: str, parameters: dict[str, str]) -> ModelProfile:
         """Build a profile from a model config's `parameters` (string values, as Triton stores them)."""
 
         def csv(key: str) -> frozenset[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from gateway.errors import ModelNotFound, Unavailable
 from gateway.profile import ModelProfile, canonical_id
@@ -34,7 +34,9 @@ class ModelRegistry:
     def __init__(self, settings: Settings, client_factory: Callable[[str], TritonClient] = TritonClient) -> None:
         self.settings = settings
         self.endpoints = [
-            Endpoint(config=e, pool=pool, client=client_factory(e.url)) for pool in settings.pools for e in pool.endpoints
+            Endpoint(config=e, pool=pool, client=client_factory(e.url))
+            for pool in settings.pools
+            for e in pool.endpoints
         ]
         self.refreshed_once = False
         self._task: asyncio.Task | None = None

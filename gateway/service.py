@@ -53,7 +53,8 @@ class GenerationSession:
                     return
                 except TimeoutError:
                     if time.monotonic() >= self.deadline:
-                        raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout") from None
+                        raise UpstreamTimeout("the request exceeded the overall timeout",
+                                              code="overall_timeout") from None
                     raise UpstreamTimeout("no output from the model in time", code="inter_chunk_timeout",
                                           status=502) from None
                 yield event

@@ -46,7 +46,7 @@ class Settings:
     machine_profiles: frozenset[str] = field(default_factory=lambda: frozenset({"default"}))
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         env = dict(os.environ if env is None else env)
         pools = _pools_from(env)
         tokens = env.get("SIE_AUTH_TOKENS") or env.get("SIE_AUTH_TOKEN") or ""

@@ -47,7 +47,7 @@ async def _pump(events: AsyncIterator[GenerationEvent], queue: asyncio.Queue) ->
         raise
     except GatewayError as exc:
         queue.put_nowait(exc)
-    except Exception as exc:  # noqa: BLE001 - reported in-band, never as a dropped connection
+    except Exception as exc:
         log.exception("stream failed")
         queue.put_nowait(GatewayError(f"internal error while streaming ({type(exc).__name__})"))
 

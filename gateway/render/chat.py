@@ -89,8 +89,8 @@ class ChatStreamRenderer:
         if index not in self.role_sent:
             self.role_sent.add(index)
             delta = {"role": "assistant", **delta}
-        choice = {"index": index, "delta": delta, "logprobs": _logprobs(logprobs, self.req.logprobs and logprobs is not None),
-                  "finish_reason": finish}
+        wanted = self.req.logprobs and logprobs is not None
+        choice = {"index": index, "delta": delta, "logprobs": _logprobs(logprobs, wanted), "finish_reason": finish}
         return {**self.head, "choices": [choice]}
 
     def on_event(self, event: GenerationEvent) -> list[dict[str, Any]]:

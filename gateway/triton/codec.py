@@ -55,7 +55,7 @@ def _read_bytes(raw: bytes) -> bytes:
 
 def decode_response(response: service_pb2.ModelInferResponse) -> tuple[GenerationEvent, bool]:
     """One model response -> (event, is_final). Raises MalformedResponse on contract violations."""
-    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents))
+    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents, strict=False))
     try:
         text = _read_bytes(raw["text_output"]).decode("utf-8")
         (index,) = _INT32.unpack(raw["index"])

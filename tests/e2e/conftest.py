@@ -114,13 +114,6 @@ class StubStack:
         stop(self.triton)
 
 
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    s = StubStack(tmp_path_factory.mktemp("stub-stack"))
-    yield s
-    s.close()
-
-
 @pytest.fixture(scope="session")
 def stub(tmp_path_factory) -> Iterator[StubStack]:
     """tritonserver on the stub repository + a gateway with token auth (fast, restartable)."""

@@ -70,7 +70,8 @@ def two_tritons(tmp_path_factory) -> Iterator[TwoTritons]:
         config = tmp / "gateway.yaml"
         lines = ["pools:", "  default:", "    machine_profile: default", "    endpoints:"]
         for node in nodes:
-            lines += [f"      - url: 127.0.0.1:{node.ports.grpc}", "        remote: false", f"        name: {node.name}"]
+            lines += [f"      - url: 127.0.0.1:{node.ports.grpc}", "        remote: false",
+                      f"        name: {node.name}"]
         config.write_text("\n".join(lines) + "\n")
         port = free_port()
         gateway = start_gateway(nodes[0].ports.grpc, port, workers=2, log_path=tmp / "gateway.log", extra_env={

@@ -4,15 +4,14 @@ Used to measure the transport alone (bench/gateway.py) and to test the gateway a
 tritonserver without model cost. A per-request thread sends, as the real engine's sender does.
 """
 
+import json
 import os
 import sys
+import threading
 
 # Same as the real models: the dev stack's venv (its numpy) must shadow the base interpreter's.
 _paths = [p for p in os.environ.get("SIE_PYTHONPATH", "").split(os.pathsep) if p]
 sys.path[:0] = [p for p in _paths if p not in sys.path]
-
-import json
-import threading
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
