@@ -32,11 +32,14 @@ from pathlib import Path
 import torch
 
 from engine.engine import EngineConfig, LLMEngine
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GrammarRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = Path(os.environ.get("SIE_MODEL_CACHE") or REPO / ".cache" / "models") / "SmolLM2-135M-Instruct"
 RESULTS = REPO / "bench" / "results" / "engine.json"
+LORA_DIR = MODEL_DIR.parent / "smollm2-lora-pirate"
+# grammar row: an unbounded regex, so that with EOS ignored every row still generates exactly 64 tokens
+GRAMMAR = GrammarRequest(kind="regex", value="[A-Za-z0-9 ,.!?'-]+")
 NEW_TOKENS = 64
 
 # Short user turns: with SmolLM2's default system prompt the rendered prompts are 35-37 tokens.
@@ -106,7 +109,9 @@ class Bench:
         self.reps = reps
         torch.set_num_threads(2)
         t0 = time.perf_counter()
-        self.engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=32, max_len=256, threads=2))
+        self.lora = (LORA_DIR / "adapter_config.json").exists()
+        loras = {"pirate": str(LORA_DIR)} if self.lora else None
+        self.engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=32, max_len=256, threads=2, lora_paths=loras))
         self.engine.start()
         self.load_s = time.perf_counter() - t0
         self.tok = self.engine.tokenizer
@@ -212,13 +217,16 @@ class Bench:
                 c.wait()
         return statistics.median(samples)
 
-    def features_ratio(self) -> tuple[float, float, float]:
-        plain, feats = [], []
+    def row_ratios(self, rows: dict) -> dict:
+        """c8 tok/s of each kind of row (all 8 requests alike) over plain greedy c8, interleaved per repetition."""
+        runs: dict = {"plain": [], **{name: [] for name in rows}}
         for _ in range(self.reps):
-            plain.append(self.engine_tps(self.prompts))
-            feats.append(self.engine_tps(self.prompts, features_params))
-        p, f = statistics.median(plain), statistics.median(feats)
-        return f / p, p, f
+            runs["plain"].append(self.engine_tps(self.prompts))
+            for name, make_params in rows.items():
+                runs[name].append(self.engine_tps(self.prompts, make_params))
+        med = {name: statistics.median(v) for name, v in runs.items()}
+        return {"plain_c8_tps": med["plain"], **{f"{n}_c8_tps": med[n] for n in rows},
+                **{f"{n}_ratio_c8": med[n] / med["plain"] for n in rows}}
 
     def n4_ratio(self) -> tuple[float, float, float]:
         prompt = self.prompts[0]
@@ -296,18 +304,20 @@ def main() -> None:
     r["engine_c8_tps"] = b.concurrency(8)
     r["engine_c16_tps"] = b.concurrency(16)
     r["late_ttft_s"] = b.late_ttft()
-    r["features_ratio_c8"], r["features_plain_c8_tps"], r["features_on_c8_tps"] = b.features_ratio()
+    rows = {"features": features_params}
+    if _engine_supports_grammar():
+        rows["grammar"] = lambda i: greedy_params(grammar=GRAMMAR)
+    if b.lora:
+        rows["lora"] = lambda i: greedy_params(lora_adapter="pirate")
+    r.update(b.row_ratios(rows))
+    r["grammar_row_ratio"] = r.get("grammar_ratio_c8")
+    r["lora_row_ratio"] = r.get("lora_ratio_c8")
     r["n4_ratio"], r["n4_wall_s"], r["separate4_wall_s"] = b.n4_ratio()
     r["engine_speedup_c8"] = r["engine_c8_tps"] / r["hf_sequential_tps"]
     r["engine_speedup_c16"] = r["engine_c16_tps"] / r["hf_sequential_tps"]
     r["static_batch_ratio_c8"] = r["engine_c8_tps"] / r["hf_static_c8_tps"]
     r["hf_static_c8_speedup"] = r["hf_static_c8_tps"] / r["hf_sequential_tps"]
 
-    # Grammar and LoRA rows: the engine carries the hooks (SamplingParams.grammar, lora_adapter) but nothing
-    # compiles a grammar into a matcher or loads an adapter yet, so there is no row to time.
-    assert not _engine_supports_grammar(), "grammar is wired in now: add its row to this benchmark"
-    r["grammar_row_ratio"] = None
-    r["lora_row_ratio"] = None
     if not args.no_profile:
         r["decode_step_profile"] = [profile_decode_step(b, n) for n in (1, 8, 16)]
     else:
@@ -323,15 +333,15 @@ def main() -> None:
     print(f"engine_c8_tps: {r['engine_c8_tps']:.2f}")
     print(f"engine_c16_tps: {r['engine_c16_tps']:.2f}")
     print(f"greedy_first16_match_hf: {r['greedy_first16_match_hf']} prompts")
-    print(f"features_c8_tps: plain {r['features_plain_c8_tps']:.2f}, all features {r['features_on_c8_tps']:.2f}")
+    print(f"plain_c8_tps (ratio rows): {r['plain_c8_tps']:.2f}, all sampler features {r['features_c8_tps']:.2f}")
     print(f"n4_wall_s: {r['n4_wall_s']:.2f} vs 4 separate {r['separate4_wall_s']:.2f}")
     for prof in r.get("decode_step_profile", []):
         print(
             f"decode_step_b{prof['batch']}_ms: forward {prof['forward_ms']:.1f}, sampler greedy "
             f"{prof['sampler_greedy_ms']:.2f}, sampler all features {prof['sampler_features_ms']:.2f}"
         )
-    print("grammar_row_ratio: n/a")
-    print("lora_row_ratio: n/a")
+    for key in ("grammar_row_ratio", "lora_row_ratio"):
+        print(f"{key}: {'n/a' if r[key] is None else format(r[key], '.2f')}")
     print(f"total_s: {r['total_s']:.0f}")
     print(f"engine_speedup_c1: {r['engine_speedup_c1']:.2f}")
     print(f"engine_speedup_c8: {r['engine_speedup_c8']:.2f}")
@@ -346,11 +356,7 @@ def main() -> None:
 
 def _engine_supports_grammar() -> bool:
     """True once the engine compiles SamplingParams.grammar into a per-sequence matcher."""
-    import inspect
-
-    from engine import scheduler
-
-    return "params.grammar" in inspect.getsource(scheduler)
+    return hasattr(LLMEngine, "grammar_factory")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Final-output processing per candidate: tool-call extraction (reasoning split lives here too)."""
+"""Final-output processing per candidate: strict-grammar checks and tool-call extraction."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from engine.errors import EngineError
 from engine.sequence import Sequence
 from engine.tool_parser import parse_tool_calls
 
@@ -14,6 +15,12 @@ class OutputPostprocessor:
 
     def for_sequence(self, seq: Sequence) -> dict[str, Any]:
         params = seq.params
+        grammar = params.grammar
+        if grammar is not None and grammar.strict and seq.grammar is not None and not seq.grammar.is_terminated():
+            # cut short (length) before the grammar completed: the output does not parse
+            return {"error": EngineError("MODEL_OUTPUT_PARSE_ERROR",
+                                         f"the output ended before the {grammar.kind} grammar completed "
+                                         "(raise the token limit)", "grammar")}
         if not params.tools or params.tool_choice == "none":
             return {}
         calls = parse_tool_calls(seq.full_text, {t["function"]["name"] for t in params.tools})

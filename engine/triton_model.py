@@ -91,6 +91,8 @@ class TritonPythonModel:
             )
         )
         self.defaults = json.loads(p.get("default_sampling") or "{}")
+        # operator template settings win over the request's on conflict (e.g. enable_thinking)
+        self.template_kwargs = json.loads(p.get("chat_template_kwargs") or "{}")
         self.outbox: queue.SimpleQueue[tuple[Any, RequestOutput] | None] = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
         self.sender.start()
@@ -117,6 +119,8 @@ class TritonPythonModel:
         except json.JSONDecodeError:
             raise EngineError("invalid_request", "sampling_parameters is not JSON", "sampling_parameters") from None
         params = SamplingParams.from_dict(params_dict, self.defaults)
+        if self.template_kwargs:
+            params.chat_template_kwargs = {**(params.chat_template_kwargs or {}), **self.template_kwargs}
         messages_raw = _input_str(request, "messages")
         messages = json.loads(messages_raw) if messages_raw else None
         images = _input_bytes_list(request, "images")

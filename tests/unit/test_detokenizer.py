@@ -68,7 +68,7 @@ def test_multibyte_characters_are_never_emitted_half(tokenizer, text):
     ids = tokenizer.encode(text, add_special_tokens=False)
     # byte-level BPE splits these characters over several tokens: single tokens decode to U+FFFD
     assert any("\ufffd" in p for p in token_pieces(tokenizer, ids))
-    detok, deltas, _ = stream(tokenizer, text, [])
+    _detok, deltas, _ = stream(tokenizer, text, [])
     for d in deltas:
         assert "\ufffd" not in d
     assert "".join(deltas) == text

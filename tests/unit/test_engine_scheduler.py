@@ -304,3 +304,17 @@ def test_stop_string_trims_and_reports(make_scheduler, prompts):
     final = run.finals("s")[0]
     assert final.finish_reason == "stop" and final.stop_reason == stop
     assert all(stop not in o.text for o in run.outputs["s"])
+
+
+def test_penalties_over_many_steps(make_scheduler, prompts):
+    """Penalty counts are created inside the sampler's inference mode and updated after every token."""
+    run = Run(make_scheduler())
+    params = greedy(12, ignore_eos=True, frequency_penalty=1.5, presence_penalty=1.0, repetition_penalty=1.3)
+    run.add("p", prompts[0], params)
+    run.until_done()
+    final = run.finals("p")[0]
+    assert final.error is None and final.finish_reason == "length"
+    tokens = run.tokens[("p", 0)]
+    assert len(tokens) == 12
+    seq_counts = torch.bincount(torch.tensor(tokens))
+    assert seq_counts.max() <= 3  # heavy penalties keep greedy decoding from looping on one token
