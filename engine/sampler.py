@@ -102,34 +102,34 @@ class Sampler:
         logits[penalised] = sub
 
     def _choose(self, logits: torch.Tensor, rows: list[SamplerRow]) -> torch.Tensor:
+        """Greedy rows take the argmax; sampled rows draw by inverse CDF with one uniform from their own
+        generator (a vectorised `searchsorted`, far cheaper than a multinomial per row)."""
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         if not sampled:
             return tokens
-        sub = logits[sampled]
-        temps = torch.tensor([rows[i].params.temperature for i in sampled], dtype=sub.dtype)[:, None]
-        sub = sub / temps
-        top_ks = [rows[i].params.top_k for i in sampled]
-        if any(0 < k < sub.shape[-1] for k in top_ks):
-            k_max = max(k for k in top_ks if k > 0)
-            kth = sub.topk(min(k_max, sub.shape[-1]), dim=-1).values
-            for j, k in enumerate(top_ks):
-                if 0 < k < sub.shape[-1]:
-                    sub[j][sub[j] < kth[j, k - 1]] = float("-inf")
-        probs = torch.softmax(sub, dim=-1)
-        top_ps = torch.tensor([rows[i].params.top_p for i in sampled], dtype=sub.dtype)
-        if (top_ps < 1.0).any():
-            probs = _top_p_filter(probs, top_ps)
-        for j, i in enumerate(sampled):
-            tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+        vocab = logits.shape[-1]
+        params = [rows[i].params for i in sampled]
+        sub = logits[sampled] / torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
+        uniform = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
+        top_ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+        top_ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
+        uses_top_p = bool((top_ps < 1.0).any())
+        if uses_top_p or bool((top_ks < vocab).any()):
+            # candidates in descending order: when every row has a top_k, that subset is exact (top_p is
+            # taken over the renormalised top-k, as HF and vLLM do); a row without one needs the full sort
+            width = int(top_ks.max())
+            values, order = sub.sort(dim=-1, descending=True) if width == vocab else sub.topk(width, dim=-1)
+            values = values.masked_fill(torch.arange(width)[None, :] >= top_ks[:, None], float("-inf"))
+            probs = torch.softmax(values, dim=-1)
+            if uses_top_p:
+                # keep the smallest prefix whose mass reaches top_p (the top token always survives)
+                probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) >= top_ps[:, None], 0.0)
+            # back to vocabulary order, so a row's draw never depends on what else is in the batch
+            probs = torch.zeros_like(sub).scatter_(1, order, probs)
+        else:
+            probs = torch.softmax(sub, dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
+        tokens[sampled] = picks[:, 0]
         return tokens
-
-
-def _top_p_filter(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """Keep the smallest set of tokens whose mass reaches top_p (the top token always survives)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    cumulative = sorted_probs.cumsum(dim=-1)
-    drop_sorted = (cumulative - sorted_probs) >= top_ps[:, None]
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    probs = probs.masked_fill(drop, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
