@@ -169,6 +169,40 @@ class DecoderForward:
         return self._logits(h[-1:])[0]
 
     @torch.inference_mode()
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+        """Whole prompts of several new sequences in one forward (right-padded); returns [k, V] last logits.
+
+        Pad positions write garbage K/V past each prompt's end; decode overwrites a position before it
+        ever attends to it, so they are never read.
+        """
+        k, longest = len(prompts), max(len(p) for p in prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        ids = torch.zeros(k, longest, dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt, device=self.device)
+        positions = torch.arange(longest, device=self.device).repeat(k)
+        h = self.embed[ids.view(-1)]
+        row_adapters = [a for a in adapters for _ in range(longest)]
+        lora = LoraBatch(self.adapters, row_adapters) if any(adapters) else None
+        causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
+        keys = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
+        mask = (causal[None] & keys[:, None, :])[:, None]  # [k, 1, T, T]
+        slot_index = torch.tensor(slots, device=self.device)
+        kc, vc = self.cache.k, self.cache.v
+        for i, w in enumerate(self.layers):
+            q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
+            q = q.view(k, longest, self.n_heads, self.head_dim).transpose(1, 2)
+            kk = kk.view(k, longest, self.n_kv, self.head_dim).transpose(1, 2)
+            vv = vv.view(k, longest, self.n_kv, self.head_dim).transpose(1, 2)
+            kc[i, slot_index, :, :longest] = kk
+            vc[i, slot_index, :, :longest] = vv
+            attn = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+            h = h + self._o_proj(w, attn.transpose(1, 2).reshape(k * longest, -1), lora, i)
+            h = h + self._mlp(w, h, lora, i)
+        last = h.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1]
+        return self._logits(last)
+
+    @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, span: int,
                lora: LoraBatch | None = None) -> torch.Tensor:
         """One step for slots 0..B-1: token_ids/positions [B]; `span` = max(positions)+1. Returns [B, V]."""

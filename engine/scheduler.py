@@ -102,8 +102,57 @@ class Scheduler:
         if not group.sent_final:
             group.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error))
 
+    def _new_parent(self, group: SequenceGroup) -> Sequence:
+        parent = Sequence(group, 0, self._generator(group, 0), self.tokenizer)
+        if group.request.grammar is not None:
+            parent.grammar = group.request.grammar()
+        group.sequences = [parent]
+        return parent
+
+    def _take_short_prompts(self, budget: int) -> list[SequenceGroup]:
+        """Waiting requests whose whole prompt fits the step's budget (FIFO), for one batched prefill."""
+        batch: list[SequenceGroup] = []
+        slots = len(self.decoding)
+        for group in self.waiting:
+            size = len(group.request.prompt_ids)
+            if size > budget or group.request.prompt_embeds is not None \
+                    or slots + group.params.width > self.max_slots:
+                break
+            batch.append(group)
+            budget -= size
+            slots += group.params.width
+        for _ in batch:
+            self.waiting.popleft()
+        return batch
+
+    def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
+        """Several short prompts in one forward: a step's cost is mostly reading the weights once."""
+        slot = len(self.decoding)
+        for group in groups:
+            self._new_parent(group).slot = slot
+            slot += group.params.width  # its n/best_of children take the slots right after it
+        try:
+            logits = self.forward.prefill_batch(
+                [g.sequences[0].slot for g in groups], [g.request.prompt_ids for g in groups],
+                [g.params.lora_adapter for g in groups])
+        except Exception as exc:  # a forward failure must not take the engine down
+            log.exception("batched prefill failed")
+            for group in groups:
+                self.abort(group, "error", EngineError("inference_error", f"prefill failed: {type(exc).__name__}"))
+            return
+        for group, row in zip(groups, logits, strict=True):
+            group.prefilled = len(group.request.prompt_ids)
+            group.sequences[0].kv_len = group.prefilled
+            self._start_decoding(group, row)
+
     def _prefill(self) -> None:
         budget = self.prefill_budget
+        if self.prefilling is None:
+            batch = self._take_short_prompts(budget)
+            if len(batch) > 1:
+                self._prefill_batch(batch)
+                return
+            self.waiting.extendleft(batch)
         while budget > 0:
             if self.prefilling is None:
                 if not self.waiting:
@@ -113,10 +162,7 @@ class Scheduler:
                     return  # wait for slots to free up
                 self.waiting.popleft()
                 self.prefilling = group
-                parent = Sequence(group, 0, self._generator(group, 0), self.tokenizer)
-                if group.request.grammar is not None:
-                    parent.grammar = group.request.grammar()
-                group.sequences = [parent]
+                self._new_parent(group)
             group = self.prefilling
             parent = group.sequences[0]
             parent.slot = len(self.decoding)
