@@ -50,7 +50,7 @@ async def _direct_once(stub, req: GenerationRequest, model: str) -> int:
     async for response in call:
         chunks += 1
         final = dict(zip((o.name for o in response.infer_response.outputs),
-                         response.infer_response.raw_output_contents)).get("is_final")
+                         response.infer_response.raw_output_contents, strict=False)).get("is_final")
         if final == b"\x01" or response.error_message:
             break
     done.set()
@@ -127,9 +127,9 @@ def _engine_tok_s(prompts: list[str], max_tokens: int) -> float:
         def run() -> float:
             params = [SamplingParams(max_tokens=max_tokens, temperature=0) for _ in prompts]
             ids = [engine.encode_prompt(messages=[{"role": "user", "content": p}], params=q)
-                   for p, q in zip(prompts, params)]
+                   for p, q in zip(prompts, params, strict=True)]
             t0 = time.perf_counter()
-            queues = [engine.generate(str(i), x, q) for i, (x, q) in enumerate(zip(ids, params))]
+            queues = [engine.generate(str(i), x, q) for i, (x, q) in enumerate(zip(ids, params, strict=True))]
             tokens = 0
             for q in queues:
                 while True:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -16,11 +17,11 @@ from engine.forward import DecoderForward
 from engine.grammar import GrammarCompilerCache
 from engine.lora import load_adapters
 from engine.postprocess import OutputPostprocessor
-from engine.tool_grammar import forced_tool_grammar
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import EngineRequest, RequestOutput
+from engine.tool_grammar import forced_tool_grammar
 from engine.vision import VisionPrompter, load_model
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class LLMEngine:
         self._wake.set()
 
     def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> "queue.Queue[RequestOutput]":
+                 stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> queue.Queue[RequestOutput]:
         """Convenience for tests and benchmarks: submit and get a queue of outputs."""
         out: queue.Queue[RequestOutput] = queue.Queue()
         request = EngineRequest(request_id, prompt_ids, params, out.put, stream, is_cancelled)

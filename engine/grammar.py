@@ -36,7 +36,7 @@ class GrammarState:
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
-    def fork(self) -> "GrammarState":
+    def fork(self) -> GrammarState:
         return GrammarState(self.matcher.fork(), self.vocab_size)
 
 
@@ -44,7 +44,8 @@ class GrammarCompilerCache:
     """Compiles grammars once per (kind, value) and keeps the most recent ones."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids))
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=sorted(stop_token_ids))
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         self.vocab_size = vocab_size
         self._cache: collections.OrderedDict[str, xgr.CompiledGrammar] = collections.OrderedDict()

@@ -8,8 +8,9 @@ own `torch.Generator`, so a seeded request samples the same tokens alone or in a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -58,9 +59,7 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         self._apply_bias_and_penalties(logits, rows, vocab)
         for i, row in enumerate(rows):
-            if len(row.output_ids) < row.params.min_tokens and not row.params.ignore_eos:
-                logits[i, self.stop_ids] = float("-inf")
-            elif row.params.ignore_eos:
+            if len(row.output_ids) < row.params.min_tokens and not row.params.ignore_eos or row.params.ignore_eos:
                 logits[i, self.stop_ids] = float("-inf")
         for i, apply_mask in (grammar_masks or {}).items():
             apply_mask(logits[i])
@@ -74,7 +73,7 @@ class Sampler:
             values = values.clamp(min=LOGPROB_FLOOR)
             for j, i in enumerate(want_top):
                 kk = rows[i].params.top_logprobs
-                top[i] = list(zip(ids[j, :kk].tolist(), values[j, :kk].tolist()))
+                top[i] = list(zip(ids[j, :kk].tolist(), values[j, :kk].tolist(), strict=True))
         return SampleOutput(tokens=tokens.tolist(), logprobs=chosen.tolist(), top=top)
 
     def _apply_bias_and_penalties(self, logits: torch.Tensor, rows: list[SamplerRow], vocab: int) -> None:

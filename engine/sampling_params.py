@@ -59,7 +59,7 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> "SamplingParams":
+    def from_dict(cls, raw: dict[str, Any], defaults: dict[str, Any] | None = None) -> SamplingParams:
         """Parse and sanity-check (the gateway validates the contract; this guards the engine itself)."""
         given = {k: v for k, v in raw.items() if v is not None}
         merged = {**(defaults or {}), **given}

@@ -238,9 +238,7 @@ class Scheduler:
             delta = seq.detok.add_token(token)
             seq.text += delta
             seq.full_text += delta
-            if seq.detok.matched_stop is not None:
-                seq.finish_reason = "stop"
-            elif seq.grammar is not None and seq.grammar.is_terminated():
+            if seq.detok.matched_stop is not None or seq.grammar is not None and seq.grammar.is_terminated():
                 seq.finish_reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens:
                 seq.finish_reason = "length"

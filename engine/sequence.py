@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class EngineRequest:
 class Sequence:
     """One candidate completion; occupies one KV slot while running."""
 
-    def __init__(self, group: "SequenceGroup", index: int, generator: torch.Generator, tokenizer) -> None:
+    def __init__(self, group: SequenceGroup, index: int, generator: torch.Generator, tokenizer) -> None:
         self.group = group
         self.index = index
         self.params = group.request.params
@@ -95,7 +96,7 @@ class Sequence:
             with torch.inference_mode():
                 self._counts[token] += 1
 
-    def fork(self, index: int, generator: torch.Generator, tokenizer) -> "Sequence":
+    def fork(self, index: int, generator: torch.Generator, tokenizer) -> Sequence:
         child = Sequence(self.group, index, generator, tokenizer)
         child.kv_len = self.kv_len
         if self.grammar is not None:

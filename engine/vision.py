@@ -70,7 +70,7 @@ def decode_images(images: list[bytes]) -> list[Any]:
             with Image.open(io.BytesIO(data)) as img:
                 img.load()
                 out.append(img.convert("RGB"))
-        except Exception as exc:  # noqa: BLE001 - UnidentifiedImageError, truncated data, decompression bomb, ...
+        except Exception as exc:
             raise EngineError("invalid_request", f"image {i} could not be decoded: {type(exc).__name__}",
                               "images") from None
     return out
@@ -128,7 +128,7 @@ class VisionPrompter:
             enc = self.processor(text=text, images=pil_images, return_tensors="pt", add_special_tokens=False)
         except EngineError:
             raise
-        except Exception as exc:  # noqa: BLE001 - e.g. placeholder/image count mismatch: the request's fault
+        except Exception as exc:
             raise EngineError("invalid_request", f"images could not be processed: {exc}", "images") from None
         ids = enc["input_ids"][0]
         return ids.tolist(), self.embeddings(ids, enc["pixel_values"])

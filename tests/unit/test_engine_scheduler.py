@@ -76,7 +76,8 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
 
 
 def test_seeded_request_same_tokens_alone_and_in_batch_of_3(make_scheduler, prompts):
-    params = lambda: SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
+    def params() -> SamplingParams:
+        return SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
     alone = Run(make_scheduler())
     alone.add("a", prompts[0], params())
     alone.until_done()
@@ -131,7 +132,7 @@ def test_greedy_matches_hf_generate_first_tokens_and_logprobs(real_engine, make_
         )
         ref_tokens = ref.sequences[0, len(p) :].tolist()
         assert run.tokens[(f"g{i}", 0)] == ref_tokens
-        ref_lp = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, ref_tokens)]
+        ref_lp = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, ref_tokens, strict=False)]
         got_lp = [e["logprob"] for o in run.outputs[f"g{i}"] for e in (o.logprobs or [])]
         assert got_lp == pytest.approx(ref_lp, abs=2e-3)
 

@@ -126,7 +126,7 @@ def test_the_processor_sees_the_pixels(vlm):
 
 
 def test_engine_forward_matches_transformers_llava(vlm):
-    """Our embeddings + DecoderForward (prefilled in uneven chunks) equal LlavaForConditionalGeneration's own forward."""
+    """Our embeddings + DecoderForward (prefilled in uneven chunks) equal Llava's own forward."""
     import torch
     from PIL import Image
 
