@@ -132,7 +132,8 @@ def test_greedy_matches_hf_generate_first_tokens_and_logprobs(real_engine, make_
         )
         ref_tokens = ref.sequences[0, len(p) :].tolist()
         assert run.tokens[(f"g{i}", 0)] == ref_tokens
-        ref_lp = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(ref.logits, ref_tokens, strict=False)]
+        ref_lp = [torch.log_softmax(step[0].float(), -1)[t].item()
+                  for step, t in zip(ref.logits, ref_tokens, strict=False)]
         got_lp = [e["logprob"] for o in run.outputs[f"g{i}"] for e in (o.logprobs or [])]
         assert got_lp == pytest.approx(ref_lp, abs=2e-3)
 
