@@ -38,6 +38,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
     threads: int | None = None
     lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
+    kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
 
 
 def _resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -60,7 +61,8 @@ class LLMEngine:
             self.vision = VisionPrompter(model, processor, self.tokenizer, self.forward.embed)
         self.forward.adapters = load_adapters(model, config.lora_paths or {})
         self.sampler = Sampler(self.forward.vocab_size, self._stop_token_ids(model))
-        self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget)
+        self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget,
+                                   config.kv_budget_tokens)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
         self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()

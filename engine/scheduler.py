@@ -25,13 +25,17 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, forward: DecoderForward, sampler: Sampler, tokenizer, prefill_budget: int = 512) -> None:
+    def __init__(self, forward: DecoderForward, sampler: Sampler, tokenizer, prefill_budget: int = 512,
+                 kv_budget_tokens: int | None = None) -> None:
         self.forward = forward
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.prefill_budget = prefill_budget
         self.max_slots = forward.cache.slots
         self.max_len = forward.cache.max_len
+        # admission control on KV memory: running requests reserve width x (prompt + max_tokens) positions
+        self.kv_budget = kv_budget_tokens or self.max_slots * self.max_len
+        self.reserved = 0
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
         self.prefilling: SequenceGroup | None = None
         self.decoding: list[Sequence] = []
@@ -61,7 +65,27 @@ class Scheduler:
             )
         # generation never runs past the cache: clamp the budget, finishing with "length"
         request.params.max_tokens = min(request.params.max_tokens, self.max_len - prompt_len)
-        self.waiting.append(SequenceGroup(request))
+        group = SequenceGroup(request)
+        if group.kv_need > self.kv_budget:
+            raise EngineError(
+                "invalid_request",
+                f"n x (prompt + max tokens) = {group.kv_need} token positions exceeds this engine's KV budget "
+                f"of {self.kv_budget}; lower n/best_of or the token limit",
+                "n" if request.params.width > 1 else "max_tokens",
+            )
+        self.waiting.append(group)
+
+    def _fits(self, group: SequenceGroup, slots_in_use: int, reserved: int) -> bool:
+        return slots_in_use + group.params.width <= self.max_slots and reserved + group.kv_need <= self.kv_budget
+
+    def _admit(self, group: SequenceGroup) -> None:
+        self.reserved += group.kv_need
+        group.admitted = True
+
+    def _release(self, group: SequenceGroup) -> None:
+        if group.admitted:
+            group.admitted = False
+            self.reserved -= group.kv_need
 
     @property
     def queue_depth(self) -> int:
@@ -97,6 +121,7 @@ class Scheduler:
             self.prefilling = None
         for seq in [s for s in self.decoding if s.group is group]:
             self._retire(seq)
+        self._release(group)
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
@@ -112,17 +137,18 @@ class Scheduler:
     def _take_short_prompts(self, budget: int) -> list[SequenceGroup]:
         """Waiting requests whose whole prompt fits the step's budget (FIFO), for one batched prefill."""
         batch: list[SequenceGroup] = []
-        slots = len(self.decoding)
+        slots, reserved = len(self.decoding), self.reserved
         for group in self.waiting:
             size = len(group.request.prompt_ids)
-            if size > budget or group.request.prompt_embeds is not None \
-                    or slots + group.params.width > self.max_slots:
+            if size > budget or group.request.prompt_embeds is not None or not self._fits(group, slots, reserved):
                 break
             batch.append(group)
             budget -= size
             slots += group.params.width
-        for _ in batch:
+            reserved += group.kv_need
+        for group in batch:
             self.waiting.popleft()
+            self._admit(group)
         return batch
 
     def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
@@ -152,15 +178,18 @@ class Scheduler:
             if len(batch) > 1:
                 self._prefill_batch(batch)
                 return
-            self.waiting.extendleft(batch)
+            for group in batch:  # a single prompt takes the (chunkable) path below
+                self._release(group)
+                self.waiting.appendleft(group)
         while budget > 0:
             if self.prefilling is None:
                 if not self.waiting:
                     return
                 group = self.waiting[0]
-                if len(self.decoding) + group.params.width > self.max_slots:
-                    return  # wait for slots to free up
+                if not self._fits(group, len(self.decoding), self.reserved):
+                    return  # wait for slots / KV budget to free up
                 self.waiting.popleft()
+                self._admit(group)
                 self.prefilling = group
                 self._new_parent(group)
             group = self.prefilling
@@ -291,6 +320,7 @@ class Scheduler:
             self._emit_delta(seq, final=not remaining and i == len(closing) - 1, **fields)
         if not remaining:
             self.stats.finished += 1
+            self._release(group)
 
     @staticmethod
     def _timing(group: SequenceGroup, seq: Sequence) -> dict[str, float]:

@@ -113,6 +113,9 @@ class SequenceGroup:
         self.prefilled = 0  # prompt tokens already in the cache
         self.first_token_at: float | None = None
         self.sent_final = False
+        self.admitted = False  # holds a KV reservation in the scheduler
+        params = request.params
+        self.kv_need = params.width * (len(request.prompt_ids) + params.max_tokens)
 
     @property
     def params(self) -> SamplingParams:

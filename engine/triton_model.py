@@ -86,6 +86,7 @@ class TritonPythonModel:
                 max_len=int(p.get("context_length", "2048")),
                 prefill_budget=int(p.get("prefill_budget", "512")),
                 max_queue=int(p.get("max_queue", "256")),
+                kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
             )
