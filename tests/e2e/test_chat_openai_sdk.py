@@ -115,3 +115,12 @@ def test_unknown_model_is_not_found(openai_client):
 def test_models_list(openai_client):
     ids = [m.id for m in openai_client.models.list()]
     assert MODEL in ids
+
+
+def test_huge_n_times_max_tokens_is_refused_by_admission_control(openai_client):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model=MODEL, messages=QUESTION, n=128, max_tokens=2000)
+    assert info.value.param == "n"
+    # the engine is unharmed
+    reply = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3)
+    assert reply.choices[0].message.content

@@ -1,0 +1,75 @@
+"""Load + memory soak: start the local stack, run locust headless, sample RSS of the gateway and of
+tritonserver (with its model stubs) every 30 s, and report whether memory stayed flat (issue 6).
+
+    python scripts/soak.py --users 64 --duration 5m
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from devstack.serve import start_gateway, stop
+from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+from tests.e2e.conftest import free_port, wait_http
+
+
+def _tree_rss_mb(pid: int) -> float:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+        return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--users", type=int, default=64)
+    parser.add_argument("--duration", default="5m")
+    parser.add_argument("--classes", default="ChatStreamUser GenerateStreamUser")
+    args = parser.parse_args()
+    logs = Path("loadtest/results")
+    logs.mkdir(parents=True, exist_ok=True)
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    triton = start_triton(REPO_ROOT / "model_repository", ports, logs / "triton.log")
+    gateway = None
+    samples: list[tuple[float, float, float]] = []
+    done = threading.Event()
+    try:
+        wait_ready(ports, triton)
+        port = free_port()
+        gateway = start_gateway(ports.grpc, port, log_path=logs / "gateway.log")
+        wait_http(f"http://127.0.0.1:{port}/readyz")
+        started = time.monotonic()
+
+        def sample() -> None:
+            while not done.wait(30):
+                samples.append((time.monotonic() - started, _tree_rss_mb(gateway.pid), _tree_rss_mb(triton.pid)))
+
+        threading.Thread(target=sample, daemon=True).start()
+        result = subprocess.run([sys.executable, "loadtest/run.py", "--users", str(args.users), "--duration",
+                                 args.duration, "--host", f"http://127.0.0.1:{port}", "--out", str(logs),
+                                 "--classes", args.classes], cwd=REPO_ROOT, check=False)
+        done.set()
+    finally:
+        stop(gateway)
+        stop(triton)
+    for t, gw, tr in samples:
+        print(f"memory t={t:5.0f}s gateway_mb={gw:8.1f} triton_mb={tr:8.1f}")
+    first = next((s for s in samples if s[0] >= 60), None)
+    if first and samples:
+        last = samples[-1]
+        print(f"memory_growth_gateway_pct: {100 * (last[1] - first[1]) / first[1]:.1f}")
+        print(f"memory_growth_triton_pct: {100 * (last[2] - first[2]) / first[2]:.1f}")
+    sys.exit(result.returncode)
+
+
+if __name__ == "__main__":
+    main()
