@@ -7,7 +7,7 @@ MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
 GATEWAY_PORT ?= 8080
 export SIE_MODEL_CACHE
 
-.PHONY: serve test test-unit test-integration test-e2e install model bench loadtest lint clean
+.PHONY: serve test test-unit test-integration test-e2e install model bench loadtest soak lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,9 @@ LOADTEST_CLASSES ?=
 loadtest: install  ## headless locust against the running local stack (start `make serve` first)
 	$(PY) loadtest/run.py --users $(LOADTEST_USERS) --duration $(LOADTEST_DURATION) \
 		--host http://127.0.0.1:$(GATEWAY_PORT) --out loadtest/results --classes "$(LOADTEST_CLASSES)"
+
+soak: model  ## 64 streaming users for 5 minutes against a fresh local stack, with RSS sampling
+	PYTHONPATH=. $(PY) scripts/soak.py --users 64 --duration 5m
 
 lint: install
 	$(VENV)/bin/ruff check gateway engine devstack tests bench

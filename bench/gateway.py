@@ -20,11 +20,11 @@ from pathlib import Path
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from gateway.domain import GenerationRequest
 from gateway.triton.codec import encode_request
-from tests.e2e.conftest import free_port, wait_http
 
 STUB_REPO = REPO_ROOT / "tests" / "stub_repository"
 STUB_SIE_ID = "sie-test__stub-tokens"

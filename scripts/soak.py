@@ -15,9 +15,9 @@ from pathlib import Path
 
 import psutil
 
+from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
-from tests.e2e.conftest import free_port, wait_http
 
 
 def _tree_rss_mb(pid: int) -> float:

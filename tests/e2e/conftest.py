@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from tests.tiny_vlm import ensure_tiny_vlm
@@ -21,24 +20,6 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 STUB = "sie-test__stub-tokens"  # tests/stub_repository: no torch, emits N tokens
 TOKEN = "tok-secret-5521"
 SIE_MODEL = "HuggingFaceTB__SmolLM2-135M-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(url)
 
 
 @dataclass
