@@ -20,9 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
-from tests.e2e.conftest import MODEL, SIE_MODEL, free_port, wait_http
+from tests.e2e.conftest import MODEL, SIE_MODEL
 
 TRITON_MODEL = "smollm2_135m_instruct"
 METRIC = "nv_inference_request_success"
