@@ -78,22 +78,51 @@ async def _http_once(host: str, port: int, path: str, body: bytes, count_chunks:
     return chunks
 
 
+class _KeepAliveClient:
+    """One persistent HTTP/1.1 connection (as the gRPC side keeps one channel): request, then read the
+    headers and exactly Content-Length bytes."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> bytes:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        return await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 async def _added_latency(stub, gw_port: int) -> tuple[float, float]:
     req = GenerationRequest(model="x", max_tokens=1, max_tokens_param="max_new_tokens", prompt="hi")
     body = json.dumps({"prompt": "hi", "max_new_tokens": 1}).encode()
     path = f"/v1/generate/{STUB_SIE_ID}"
     direct, through = [], []
+    client = _KeepAliveClient(gw_port)
     for _ in range(20):  # warm-up
         await _direct_once(stub, req, "stub_tokens")
-        await _http_once("127.0.0.1", gw_port, path, body, False)
+        await client.post(path, body)
     for _ in range(SAMPLES):
         t0 = time.perf_counter()
         await _direct_once(stub, req, "stub_tokens")
         t1 = time.perf_counter()
-        await _http_once("127.0.0.1", gw_port, path, body, False)
+        await client.post(path, body)
         t2 = time.perf_counter()
         direct.append((t1 - t0) * 1000)
         through.append((t2 - t1) * 1000)
+    client.close()
     p50 = statistics.median(through) - statistics.median(direct)
     p99 = _percentile(through, 0.99) - _percentile(direct, 0.99)
     print(f"direct_p50_ms: {statistics.median(direct):.3f}  gateway_p50_ms: {statistics.median(through):.3f}")

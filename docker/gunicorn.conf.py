@@ -21,7 +21,7 @@ def _int_env(name: str, default: int, minimum: int) -> int:
 
 
 bind = [f"{os.environ.get('GATEWAY_HOST', '0.0.0.0')}:{_int_env('GATEWAY_PORT', 8080, 1)}"]
-worker_class = "uvicorn_worker.UvicornWorker"
+worker_class = "gateway.worker.GatewayWorker"  # uvicorn + httptools + uvloop
 workers = _int_env("GATEWAY_WORKERS", 2, 1)
 
 # Each worker opens its own gRPC channel to Triton after the fork: importing the app in the master

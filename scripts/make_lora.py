@@ -12,7 +12,7 @@ import pathlib
 import torch
 
 
-def build(base: pathlib.Path, out: pathlib.Path, steps: int = 15) -> None:
+def build(base: pathlib.Path, out: pathlib.Path, steps: int = 30) -> None:
     marker = out / ".complete"
     if marker.exists():
         print(f"adapter already built at {out}")
@@ -35,7 +35,7 @@ def build(base: pathlib.Path, out: pathlib.Path, steps: int = 15) -> None:
                                            tokenize=False) for q, a in pairs]
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     model.train()
     for _ in tqdm(range(steps), desc="training demo LoRA adapter"):
         loss = model(**batch, labels=labels).loss

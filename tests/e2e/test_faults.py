@@ -40,8 +40,7 @@ def test_slow_reader_does_not_stall_other_streams(stub):
     stop_reading = threading.Event()
 
     def read_slowly() -> None:
-        while not stop_reading.is_set():
-            slow.recv(1)
+        while not stop_reading.is_set() and slow.recv(1):
             time.sleep(0.05)
 
     reader = threading.Thread(target=read_slowly, daemon=True)
@@ -61,6 +60,7 @@ def test_slow_reader_does_not_stall_other_streams(stub):
         t.join(timeout=30)
     elapsed = time.monotonic() - started
     stop_reading.set()
+    reader.join(timeout=5)
     slow.close()
     assert results == [True, True, True]
     assert elapsed < 20
