@@ -1,7 +1,8 @@
 """Extract OpenAI-style tool calls from generated text.
 
 Accepted forms: a JSON array of `{"name", "arguments"}` objects (our model-agnostic format), a
-single such object, and Hermes/Qwen-style `<tool_call>{...}</tool_call>` blocks.
+single such object (text after the leading JSON value is ignored), and Hermes/Qwen-style
+`<tool_call>{...}</tool_call>` blocks. Only declared function names count as calls.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import uuid
 from typing import Any
 
+_DECODER = json.JSONDecoder()
 _TAGGED = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
@@ -43,9 +45,11 @@ def parse_tool_calls(text: str, known_names: set[str]) -> list[dict[str, Any]]:
         if not stripped.startswith(("[", "{")):
             return []
         try:
-            candidates = [json.loads(stripped)]
+            # the leading JSON value is the call; small models often ramble on after it
+            value, _ = _DECODER.raw_decode(stripped)
         except json.JSONDecodeError:
             return []
+        candidates = [value]
     calls = [c for value in candidates for c in _as_calls(value)]
     if not calls or any(c["function"]["name"] not in known_names for c in calls):
         return []
