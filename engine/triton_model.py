@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils  # provided by the Python backend
 
 from engine.engine import EngineConfig, LLMEngine
 from engine.errors import EngineError
+from engine.outbox import coalesce
 from engine.sampling_params import SamplingParams
 from engine.sequence import EngineRequest, RequestOutput
 from engine.triton_metrics import EngineMetrics
@@ -140,21 +141,30 @@ class TritonPythonModel:
 
     def _send_loop(self) -> None:
         while True:
-            item = self.outbox.get()
-            if item is None:
+            batch = [self.outbox.get()]
+            while len(batch) < 1024:
+                try:
+                    batch.append(self.outbox.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            for sender, out in coalesce([item for item in batch if item is not None]):
+                self._send(sender, out)
+            if stop:
                 return
-            sender, out = item
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.final else 0
-            try:
-                if out.error is not None or (out.final and out.finish_reason == "cancelled"):
-                    error = out.error or EngineError("cancelled", "request cancelled")
-                    code = getattr(pb_utils.TritonError, ERROR_CODES.get(error.code, "INTERNAL"))
-                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json(), code)),
-                                flags=flags)
-                else:
-                    sender.send(self._response(out), flags=flags)
-            except Exception:  # the client may be gone; the engine has already moved on
-                log.debug("send failed", exc_info=True)
+
+    def _send(self, sender, out: RequestOutput) -> None:
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.final else 0
+        try:
+            if out.error is not None or (out.final and out.finish_reason == "cancelled"):
+                error = out.error or EngineError("cancelled", "request cancelled")
+                code = getattr(pb_utils.TritonError, ERROR_CODES.get(error.code, "INTERNAL"))
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json(), code)),
+                            flags=flags)
+            else:
+                sender.send(self._response(out), flags=flags)
+        except Exception:  # the client may be gone; the engine has already moved on
+            log.debug("send failed", exc_info=True)
 
     @staticmethod
     def _response(out: RequestOutput):
