@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import falcon
 import falcon.asgi
@@ -49,8 +50,7 @@ async def _http_error(req, resp, ex: falcon.HTTPError, params) -> None:
                          status=status)
     error.type = "invalid_request_error" if status < 500 else "server_error"
     _write_error(req, resp, error)
-    for name, value in (ex.headers or {}).items():
-        resp.set_header(name, value)
+    resp.set_headers(ex.headers or {})
 
 
 async def _unexpected(req, resp, ex: Exception, params) -> None:
@@ -82,7 +82,8 @@ class _Observe:
 def create_app(settings: Settings, registry: ModelRegistry | None = None) -> falcon.asgi.App:
     registry = registry or ModelRegistry(settings)
     service = GenerationService(settings, registry)
-    app = falcon.asgi.App(middleware=[_Observe(), RequestContextMiddleware(settings)])
+    middleware: list[Any] = [_Observe(), RequestContextMiddleware(settings)]
+    app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))
     generate = GenerateResource(settings, service)

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from gateway.contracts.profile_checks import check_against_profile
@@ -31,14 +31,14 @@ class GenerationSession:
     request_id: str
     endpoint: Endpoint
     first: GenerationEvent
-    stream: AsyncIterator[GenerationEvent]
+    stream: AsyncGenerator[GenerationEvent, None]
     settings: Settings
     started: float
     ttft_s: float
     deadline: float
     closed: bool = field(default=False)
 
-    async def events(self) -> AsyncIterator[GenerationEvent]:
+    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         try:
             yield self.first
             while True:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -38,7 +38,7 @@ def frame(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-async def _pump(events: AsyncIterator[GenerationEvent], queue: asyncio.Queue) -> None:
+async def _pump(events: AsyncGenerator[GenerationEvent, None], queue: asyncio.Queue) -> None:
     try:
         async for event in events:
             queue.put_nowait(event)
@@ -53,7 +53,7 @@ async def _pump(events: AsyncIterator[GenerationEvent], queue: asyncio.Queue) ->
 
 
 async def sse_stream(
-    events: AsyncIterator[GenerationEvent],
+    events: AsyncGenerator[GenerationEvent, None],
     renderer: StreamRenderer,
     keepalive_s: float,
     watch_disconnect: Callable[[], Awaitable[None]] | None,

@@ -134,7 +134,8 @@ class ChatStreamRenderer:
         return {**self.head, "choices": [], "usage": _usage(self.prompt_tokens, self.completion_tokens)}
 
     def error_chunk(self, error: GatewayError) -> dict[str, Any]:
-        err = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
+        err: dict[str, Any] = {"message": error.message, "type": error.type, "param": error.param,
+                               "code": error.code}
         if error.retry_after is not None:
             err["retry_after_s"] = error.retry_after
         choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}

@@ -8,7 +8,7 @@ Triton turns into `request.is_cancelled()` in the model.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -51,7 +51,7 @@ class TritonClient:
 
     async def generate(
         self, triton_model: str, req: GenerationRequest, request_id: str
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Yield the model's events for one request; raises GatewayError subclasses on failure."""
         request = encode_request(triton_model, req, request_id)
         finished = asyncio.Event()
@@ -107,7 +107,7 @@ class TritonClient:
         return models
 
 
-def _rpc_error(exc: grpc.aio.AioRpcError) -> Exception:
+def _rpc_error(exc: grpc.aio.AioRpcError) -> BaseException:
     status = exc.code()
     if status == grpc.StatusCode.CANCELLED:
         return asyncio.CancelledError()
