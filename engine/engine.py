@@ -39,6 +39,7 @@ class EngineConfig:
     threads: int | None = None
     lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
     kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
+    reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
 
 
 def _resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -64,6 +65,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget,
                                    config.kv_budget_tokens)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
+        self.scheduler.reasoning = config.reasoning
         self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
         self._pending = 0

@@ -41,6 +41,7 @@ class Scheduler:
         self.decoding: list[Sequence] = []
         self.stats = EngineStats()
         self.postprocess = None  # optional hook(seq) -> dict of extra output fields, set by the engine
+        self.reasoning = False  # the model declares reasoning (profile); set by the engine
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -66,6 +67,9 @@ class Scheduler:
         # generation never runs past the cache: clamp the budget, finishing with "length"
         request.params.max_tokens = min(request.params.max_tokens, self.max_len - prompt_len)
         group = SequenceGroup(request)
+        if self.reasoning:
+            group.reasoning = True
+            group.thinking_open = self.tokenizer.decode(request.prompt_ids[-8:]).rstrip().endswith("<think>")
         if group.kv_need > self.kv_budget:
             raise EngineError(
                 "invalid_request",
@@ -251,7 +255,7 @@ class Scheduler:
         for group in {id(s.group): s.group for s in rows}.values():
             if group.request.stream and not group.buffered and not group.sent_final:
                 for seq in group.sequences:
-                    if not seq.finished and (seq.text or seq.unsent_logprobs):
+                    if not seq.finished and (seq.text or seq.reasoning or seq.unsent_logprobs):
                         self._emit_delta(seq)
 
     def _advance(self, seq: Sequence, token: int, logprob: float, top) -> None:
@@ -264,17 +268,26 @@ class Scheduler:
         if token in self.sampler.stop_token_set and not params.ignore_eos:
             seq.finish_reason = "stop"
         else:
-            delta = seq.detok.add_token(token)
-            seq.text += delta
-            seq.full_text += delta
+            self._add_text(seq, seq.detok.add_token(token))
             if seq.detok.matched_stop is not None or seq.grammar is not None and seq.grammar.is_terminated():
                 seq.finish_reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens:
                 seq.finish_reason = "length"
-        if seq.finished and seq.detok.matched_stop is None:
-            tail = seq.detok.flush()
-            seq.text += tail
-            seq.full_text += tail
+        if seq.finished:
+            self._add_text(seq, "" if seq.detok.matched_stop is not None else seq.detok.flush(), final=True)
+
+    @staticmethod
+    def _add_text(seq: Sequence, text: str, final: bool = False) -> None:
+        """Released text -> content (and, for reasoning models, the reasoning part when asked for)."""
+        if seq.splitter is not None:
+            reasoning, text = seq.splitter.feed(text)
+            if final:
+                more_reasoning, more_text = seq.splitter.flush()
+                reasoning, text = reasoning + more_reasoning, text + more_text
+            if seq.params.include_reasoning:
+                seq.reasoning += reasoning
+        seq.text += text
+        seq.full_text += text
 
     def _logprob_entry(self, token: int, logprob: float, top) -> dict:
         text = self.tokenizer.decode([token])
@@ -292,9 +305,11 @@ class Scheduler:
             seq.text,
             logprobs=seq.unsent_logprobs or None,
             completion_tokens=len(seq.output_ids),
+            reasoning=seq.reasoning or None,
             **extra,
         )
         seq.text = ""
+        seq.reasoning = ""
         seq.unsent_logprobs = []
         seq.group.emit(out)
 

@@ -11,6 +11,7 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError
+from engine.reasoning import ReasoningSplitter
 from engine.sampling_params import SamplingParams
 
 
@@ -67,6 +68,8 @@ class Sequence:
         self.text = ""  # released, not yet sent
         self.full_text = ""
         self.unsent_logprobs: list[dict[str, Any]] = []
+        self.reasoning = ""  # released reasoning text, not yet sent
+        self.splitter = ReasoningSplitter(group.thinking_open) if group.reasoning else None
         self.grammar: Any = None  # per-sequence grammar matcher, when constrained
         self._counts: torch.Tensor | None = None
         self._prompt_mask: torch.Tensor | None = None
@@ -114,6 +117,8 @@ class SequenceGroup:
         self.first_token_at: float | None = None
         self.sent_final = False
         self.admitted = False  # holds a KV reservation in the scheduler
+        self.reasoning = False  # the model declares reasoning: split <think> text from content
+        self.thinking_open = False  # the rendered prompt already opened the thinking block
         params = request.params
         self.kv_need = params.width * (len(request.prompt_ids) + params.max_tokens)
 

@@ -88,6 +88,7 @@ class TritonPythonModel:
                 prefill_budget=int(p.get("prefill_budget", "512")),
                 max_queue=int(p.get("max_queue", "256")),
                 kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
+                reasoning=p.get("reasoning", "false").lower() == "true",
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
             )
