@@ -74,6 +74,7 @@ class LLMEngine:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.healthy = True
+        self.on_fatal: Callable[[], None] | None = None  # called once the loop has died and failed its requests
 
     def _stop_token_ids(self, model) -> set[int]:
         ids: set[int] = set()
@@ -186,6 +187,8 @@ class LLMEngine:
             log.exception("engine loop crashed")
             self.healthy = False
             self._fail_everything()
+            if self.on_fatal is not None:
+                self.on_fatal()
 
     def _fail_everything(self) -> None:
         error = EngineError("inference_error", "the engine failed; retry the request")

@@ -337,14 +337,16 @@ class Scheduler:
             self.stats.finished += 1
             self._release(group)
 
-    @staticmethod
-    def _timing(group: SequenceGroup, seq: Sequence) -> dict[str, float]:
+    def _timing(self, group: SequenceGroup, seq: Sequence) -> dict[str, float]:
         if group.first_token_at is None:
             return {}
         now = time.monotonic()
         ttft = (group.first_token_at - group.request.arrival) * 1000
         steps = len(seq.output_ids) - 1
-        return {"ttft_ms": ttft, "tpot_ms": (now - group.first_token_at) * 1000 / steps if steps > 0 else 0.0}
+        tpot = (now - group.first_token_at) * 1000 / steps if steps > 0 else 0.0
+        if steps > 0:
+            self.stats.tpot_last = tpot / 1000
+        return {"ttft_ms": ttft, "tpot_ms": tpot}
 
     def _retire(self, seq: Sequence) -> None:
         """Free the sequence's slot, moving the last row (and any prefill in progress) down."""

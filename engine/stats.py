@@ -13,6 +13,7 @@ class EngineStats:
     finished: int = 0
     cancelled: int = 0
     ttfts: list[float] = field(default_factory=list)
+    tpot_last: float | None = None  # seconds per output token of the latest finished candidate
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttfts.append(seconds)

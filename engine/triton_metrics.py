@@ -25,6 +25,8 @@ class EngineMetrics:
         self.generated = metric("sie_engine_generated_tokens_total", "Tokens generated", counter)
         self.cancelled = metric("sie_engine_cancelled_total", "Requests cancelled", counter)
         self.ttft = metric("sie_engine_ttft_seconds_last", "Time to first token of the latest request", gauge)
+        self.tpot = metric("sie_engine_tpot_seconds_last", "Time per output token of the latest finished choice",
+                           gauge)
         self._sent = {"generated": 0, "cancelled": 0}
         self._thread = threading.Thread(target=self._run, args=(period_s,), name="engine-metrics", daemon=True)
         self._thread.start()
@@ -47,6 +49,8 @@ class EngineMetrics:
             self._sent[name] = value
         if stats.ttfts:
             self.ttft.set(stats.ttfts[-1])
+        if stats.tpot_last is not None:
+            self.tpot.set(stats.tpot_last)
 
     def stop(self) -> None:
         self._stop.set()

@@ -100,6 +100,7 @@ class TritonPythonModel:
         self.sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
         self.sender.start()
         self.metrics = EngineMetrics(pb_utils, self.engine, config["name"])
+        self.engine.on_fatal = self._die
         self.engine.start()
 
     def execute(self, requests):
@@ -191,6 +192,12 @@ class TritonPythonModel:
             pb_utils.Tensor("extras", np.array([json.dumps(extras).encode() if extras else b""], dtype=np.object_)),
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _die(self) -> None:
+        """A dead engine must make the model not ready: let the error responses go out, then end this
+        stub process; Triton then reports the instance unhealthy and the gateway stops routing to it."""
+        log.error("engine loop died; exiting the model process so Triton marks the model not ready")
+        threading.Timer(1.0, os._exit, args=(1,)).start()
 
     def finalize(self) -> None:
         self.engine.stop()
