@@ -22,7 +22,7 @@ install: $(VENV)/.installed  ## venv with the project and every dependency
 LORA_DIR := $(SIE_MODEL_CACHE)/smollm2-lora-pirate
 VLM_DIR := $(SIE_MODEL_CACHE)/tiny-llava
 
-$(MODEL_DIR)/.complete: $(VENV)/.installed
+$(MODEL_DIR)/.complete: | $(VENV)/.installed
 	$(PY) scripts/prepare_model.py --out $(MODEL_DIR)
 
 $(LORA_DIR)/.complete: $(MODEL_DIR)/.complete
@@ -48,8 +48,13 @@ test-integration: install
 test-e2e: model
 	$(PY) -m pytest -q tests/e2e
 
+# MKL_INTEL=1: force MKL's Intel kernels on AMD (devstack/mkl.py), for the engine bench and the served stack
+MKL_INTEL ?= 0
+BENCH_PRELOAD = $(if $(filter 1,$(MKL_INTEL)),LD_PRELOAD=$$($(PY) -m devstack.mkl),)
+export SIE_MKL_INTEL_KERNELS = $(MKL_INTEL)
+
 bench: model  ## engine and gateway benchmarks (ratios measured side by side)
-	$(PY) -m bench.engine
+	$(BENCH_PRELOAD) $(PY) -m bench.engine
 	$(PY) -m bench.gateway
 
 LOADTEST_USERS ?= 8

@@ -76,6 +76,11 @@ def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
     # the stub runs libpython isolated from PYTHONPATH; model.py adds these (repo for `engine`, venv packages)
     env["SIE_PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *site.getsitepackages()])
     env.setdefault("SIE_MODEL_CACHE", str(REPO_ROOT / ".cache" / "models"))
+    if env.get("SIE_MKL_INTEL_KERNELS") == "1":
+        from devstack.mkl import preload_library
+
+        library = str(preload_library(REPO_ROOT / "build"))
+        env["LD_PRELOAD"] = os.pathsep.join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
     return env
 
 
