@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,11 +40,26 @@ class ModelRegistry:
             for e in pool.endpoints
         ]
         self.refreshed_once = False
+        self.refreshed_at = 0.0
+        self._refresh_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
     async def refresh(self) -> None:
         await asyncio.gather(*(self._refresh_endpoint(e) for e in self.endpoints))
         self.refreshed_once = True
+        self.refreshed_at = time.monotonic()
+
+    async def refresh_if_stale(self, max_age_s: float = 1.0) -> bool:
+        """Refresh now unless a refresh finished within `max_age_s` (concurrent callers share one).
+
+        Used before answering 404/503 for a model: it may have loaded since the last background refresh
+        (a fresh worker's first request, a model that just became ready)."""
+        started = time.monotonic()
+        async with self._refresh_lock:
+            if self.refreshed_at >= started - max_age_s and self.refreshed_once:
+                return self.refreshed_at >= started
+            await self.refresh()
+            return True
 
     async def _refresh_endpoint(self, endpoint: Endpoint) -> None:
         try:

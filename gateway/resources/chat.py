@@ -24,7 +24,7 @@ class ChatCompletionsResource:
     async def on_post(self, req, resp) -> None:
         body = await read_json_body(req, self.settings.chat_body_limit)
         greq = parse_chat_request(body, default_max_tokens=self.settings.default_max_tokens)
-        greq, profile, machine_profile = self.service.resolve(greq)
+        greq, profile, machine_profile = await self.service.resolve(greq)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id

@@ -48,7 +48,7 @@ class GenerateResource:
         model = model_from_path(req)
         body = await read_json_body(req, self.settings.generate_body_limit)
         greq = parse_generate_request(body, model)
-        greq, profile, machine_profile = self.service.resolve(greq)
+        greq, profile, machine_profile = await self.service.resolve(greq)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id
