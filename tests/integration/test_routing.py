@@ -6,7 +6,15 @@ import pytest
 
 from gateway.settings import EndpointConfig, PoolConfig
 from gateway.triton.client import UpstreamUnavailable
-from tests.integration.conftest import SIE_MODEL, assert_error, assert_sie_headers, one_pool, tokens
+from tests.integration.conftest import (
+    BASE_PARAMS,
+    SIE_MODEL,
+    TRITON_MODEL,
+    assert_error,
+    assert_sie_headers,
+    one_pool,
+    tokens,
+)
 
 LOCAL_AND_REMOTE = (one_pool(EndpointConfig(url="a"), EndpointConfig(url="b", remote=True)),)
 TWO_LOCAL = (one_pool(EndpointConfig(url="a"), EndpointConfig(url="b")),)
@@ -150,3 +158,14 @@ async def test_sdk_version_is_never_rejected(gw, version):
     resp = await gw.generate(headers={"X-SIE-SDK-Version": version})
     assert resp.status_code == 200
     assert_sie_headers(resp)
+
+
+async def test_a_model_loaded_after_the_last_refresh_is_found_at_once(make_gateway):
+    """The registry re-asks Triton before a 404: a just-loaded model (or a fresh worker) never 404s."""
+    gw = await make_gateway(setup=lambda fakes: setattr(fakes["a"], "models", []))
+    gw.fake().models = [(TRITON_MODEL, "READY", dict(BASE_PARAMS))]  # Triton loaded it since
+    gw.registry.refreshed_at = 0.0  # the last background refresh is old
+    r = await gw.generate()
+    assert r.status_code == 200, r.text
+    unknown = await gw.generate(model="acme__Nothing")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
