@@ -49,12 +49,12 @@ class Scheduler(CandidateOutputs):
     def add(self, request: EngineRequest) -> None:
         prompt_len = len(request.prompt_ids)
         if prompt_len == 0:
-            raise EngineError("invalid_request", "prompt is empty", "prompt")
+            raise EngineError("invalid_request", "prompt is empty", request.prompt_param)
         if prompt_len >= self.max_len:
             raise EngineError(
                 "context_exceeded",
                 f"prompt has {prompt_len} tokens; this model accepts at most {self.max_len - 1}",
-                "messages",
+                request.prompt_param,
             )
         adapter = request.params.lora_adapter
         if adapter is not None and adapter not in self.forward.adapters:

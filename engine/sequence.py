@@ -47,6 +47,7 @@ class EngineRequest:
     prompt_embeds: torch.Tensor | None = None  # [prompt_len, hidden] input embeddings when images are present
     arrival: float = field(default_factory=time.monotonic)
     grammar: Callable[[], Any] | None = None  # makes the per-sequence grammar state
+    prompt_param: str = "messages"  # the request field a prompt-size error names ("prompt" on native generate)
 
 
 class Sequence:

@@ -139,6 +139,7 @@ class TritonPythonModel:
             stream=_input_bool(request, "stream"),
             is_cancelled=request.is_cancelled,
             grammar=self.engine.grammar_factory(params),
+            prompt_param="messages" if messages is not None else "prompt",
         )
 
     def _send_loop(self) -> None:

@@ -61,3 +61,11 @@ def test_over_the_output_cap_is_context_exceeded(stack):
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_exceeded"
     assert r.json()["error"]["param"] == "max_new_tokens"
+
+
+def test_prompt_longer_than_the_context_is_context_exceeded_on_prompt(stack):
+    r = httpx.post(f"{stack.base_url}/v1/generate/{SIE_MODEL}",
+                   json={"prompt": "word " * 3000, "max_new_tokens": 4}, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_exceeded"
+    assert r.json()["error"]["param"] == "prompt"
