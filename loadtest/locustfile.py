@@ -277,7 +277,7 @@ class _GatewayUser(HttpUser):
                         exception=None,
                         context={},
                     )
-        except Exception as exc:  # noqa: BLE001 - any transport error mid-stream is a failed request
+        except Exception as exc:
             error = f"stream broken: {type(exc).__name__}"
         meta = _meta(resp)
         meta["response_time"] = (time.perf_counter() - start) * 1000
