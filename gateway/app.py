@@ -91,7 +91,9 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> fal
     app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash
     app.add_route("/healthz", HealthResource())
     app.add_route("/readyz", ReadyResource(registry))
-    app.add_route("/v1/models", ModelsResource(registry))
+    models = ModelsResource(registry)
+    app.add_route("/v1/models", models)
+    app.add_sink(models.retrieve, prefix=r"^/v1/models/")
     app.add_route("/metrics", MetricsResource())
     app.add_route("/openapi.json", OpenAPIResource(build_openapi()))
     app.add_error_handler(Exception, _unexpected)

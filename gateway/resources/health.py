@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 
+import falcon
 import orjson
 
+from gateway.errors import ModelNotFound, Unavailable
 from gateway.metrics import render_metrics
+from gateway.profile import ModelProfile
 from gateway.registry import ModelRegistry
 
 
@@ -39,17 +43,29 @@ class ModelsResource:
         self.registry = registry
         self.created = int(time.time())
 
+    def _model(self, p: ModelProfile) -> dict:
+        return {"id": p.name, "object": "model", "created": self.created, "owned_by": "sie", "sie_id": p.sie_id,
+                "max_output_tokens": p.max_output_tokens, "lora_adapters": sorted(p.lora_adapters),
+                "inputs": {"image": p.image_input}}
+
     async def on_get(self, req, resp) -> None:
         if not self.registry.refreshed_once:
             await self.registry.refresh()
-        data = [
-            {"id": p.name, "object": "model", "created": self.created, "owned_by": "sie",
-             "sie_id": p.sie_id, "max_output_tokens": p.max_output_tokens,
-             "lora_adapters": sorted(p.lora_adapters), "inputs": {"image": p.image_input}}
-            for p in self.registry.profiles()
-        ]
         resp.content_type = "application/json"
-        resp.data = orjson.dumps({"object": "list", "data": data})
+        resp.data = orjson.dumps({"object": "list", "data": [self._model(p) for p in self.registry.profiles()]})
+
+    async def retrieve(self, req, resp, **params: str) -> None:
+        """GET /v1/models/{id} (OpenAI `models.retrieve`); the id may contain slashes or be SIE-safe."""
+        if req.method != "GET":
+            raise falcon.HTTPMethodNotAllowed(["GET"])
+        requested = urllib.parse.unquote(req.path[len("/v1/models/"):])
+        try:
+            profile, _ = self.registry.resolve(requested)
+        except (ModelNotFound, Unavailable):
+            await self.registry.refresh_if_stale()
+            profile, _ = self.registry.resolve(requested)
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps(self._model(profile))
 
 
 class MetricsResource:

@@ -126,3 +126,10 @@ def test_huge_n_times_max_tokens_is_refused_by_admission_control(openai_client):
     # the engine is unharmed
     reply = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3)
     assert reply.choices[0].message.content
+
+
+def test_models_retrieve_by_canonical_and_safe_id(openai_client):
+    assert openai_client.models.retrieve(MODEL).id == MODEL
+    assert openai_client.models.retrieve(SIE_MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        openai_client.models.retrieve("nope/nothing")
