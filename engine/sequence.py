@@ -43,7 +43,6 @@ class EngineRequest:
     on_output: Callable[[RequestOutput], None]
     stream: bool = True
     is_cancelled: Callable[[], bool] | None = None
-    images: list[Any] = field(default_factory=list)
     prompt_embeds: torch.Tensor | None = None  # [prompt_len, hidden] input embeddings when images are present
     arrival: float = field(default_factory=time.monotonic)
     grammar: Callable[[], Any] | None = None  # makes the per-sequence grammar state

@@ -132,7 +132,6 @@ class TritonPythonModel:
         return EngineRequest(
             request_id=request.request_id() or "",
             prompt_ids=prompt_ids,
-            images=images,
             prompt_embeds=embeds,
             params=params,
             on_output=lambda out, s=sender: self.outbox.put((s, out)),

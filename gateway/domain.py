@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -100,14 +100,6 @@ class GenerationRequest:
         if self.include_reasoning:
             params["include_reasoning"] = True
         return params
-
-
-@dataclass
-class TokenLogprob:
-    token: str
-    logprob: float
-    bytes: list[int]
-    top_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -118,12 +118,6 @@ class Unavailable(GatewayError):
         super().__init__(message, retry_after=retry_after, **kw)
 
 
-class RateLimited(GatewayError):
-    status = 429
-    type = "rate_limit_error"
-    code = "rate_limit_exceeded"
-
-
 class UpstreamTimeout(GatewayError):
     status = 504
     type = "server_error"

@@ -114,8 +114,18 @@ class ModelRegistry:
     def ready(self) -> bool:
         return any(e.healthy and e.models for e in self.endpoints)
 
-    def resolve(self, requested: str) -> tuple[ModelProfile, str | None]:
-        """Client model id (canonical, SIE-safe, `:profile` suffix) -> (profile, machine profile or None)."""
+    async def resolve(self, requested: str) -> tuple[ModelProfile, str | None]:
+        """Client model id (canonical, SIE-safe, `:profile` suffix) -> (profile, machine profile or None).
+
+        Before a 404/503 the registry re-asks Triton (shared, at most once a second): it may be behind (a
+        worker's first request, a model that has just loaded)."""
+        try:
+            return self._lookup(requested)
+        except (ModelNotFound, Unavailable):
+            await self.refresh_if_stale()
+            return self._lookup(requested)
+
+    def _lookup(self, requested: str) -> tuple[ModelProfile, str | None]:
         model, machine_profile = split_profile_suffix(requested)
         wanted = {model, canonical_id(model)}
         for profile in self.profiles():

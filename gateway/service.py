@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gateway.contracts.profile_checks import check_against_profile
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.errors import GatewayError, MalformedWorkerResponse, ModelNotFound, Unavailable, UpstreamTimeout
+from gateway.errors import GatewayError, MalformedWorkerResponse, UpstreamTimeout
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
@@ -114,12 +114,7 @@ class GenerationService:
 
     async def resolve(self, req: GenerationRequest) -> tuple[GenerationRequest, ModelProfile, str | None]:
         """Resolve the model and apply its profile: the request as it will run, or a contract error."""
-        try:
-            profile, machine_profile = self.registry.resolve(req.model)
-        except (ModelNotFound, Unavailable):
-            # the registry may be behind Triton (first request of a worker, a model that just loaded)
-            await self.registry.refresh_if_stale()
-            profile, machine_profile = self.registry.resolve(req.model)
+        profile, machine_profile = await self.registry.resolve(req.model)
         if req.max_tokens_defaulted and req.max_tokens > profile.max_output_tokens:
             # the client set no cap: the gateway default must not turn into a context_exceeded error
             req = dataclasses.replace(req, max_tokens=profile.max_output_tokens)

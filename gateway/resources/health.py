@@ -9,7 +9,6 @@ import urllib.parse
 import falcon
 import orjson
 
-from gateway.errors import ModelNotFound, Unavailable
 from gateway.metrics import render_metrics
 from gateway.profile import ModelProfile
 from gateway.registry import ModelRegistry
@@ -59,11 +58,7 @@ class ModelsResource:
         if req.method != "GET":
             raise falcon.HTTPMethodNotAllowed(["GET"])
         requested = urllib.parse.unquote(req.path[len("/v1/models/"):])
-        try:
-            profile, _ = self.registry.resolve(requested)
-        except (ModelNotFound, Unavailable):
-            await self.registry.refresh_if_stale()
-            profile, _ = self.registry.resolve(requested)
+        profile, _ = await self.registry.resolve(requested)
         resp.content_type = "application/json"
         resp.data = orjson.dumps(self._model(profile))
 

@@ -61,7 +61,7 @@ def run(eng, prompt=None, messages=None, images=None, **kw):
     p = params(**kw)
     ids, embeds = eng.encode_inputs(prompt, messages, p, images)
     out: queue.Queue = queue.Queue()
-    eng.submit(EngineRequest("r", ids, p, out.put, False, images=list(images or []), prompt_embeds=embeds))
+    eng.submit(EngineRequest("r", ids, p, out.put, False, prompt_embeds=embeds))
     outputs = []
     while not outputs or not outputs[-1].final:
         outputs.append(out.get(timeout=60))
