@@ -6,10 +6,13 @@ import base64
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.contracts.chat import parse_chat_request
 from gateway.domain import GenerationRequest, GrammarSpec, ImageInput
 from gateway.errors import GatewayError, InvalidRequest, UnsupportedField
+from tests.unit.any_value import JSON_VALUES, check_any_value
 
 DROP = object()
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
@@ -652,42 +655,13 @@ ODD_VALUES: list[Any] = [
 ]
 
 
-def check_any_value(field: str, value: Any) -> None:
-    try:
-        result = parse_chat_request(body(**{field: value}))
-    except GatewayError as err:
-        assert err.param is None or err.param == field or err.param.startswith((f"{field}.", f"{field}[")), (
-            field,
-            value,
-            err.param,
-        )
-        assert err.status == 400
-    else:
-        assert isinstance(result, GenerationRequest)
-
-
 @pytest.mark.parametrize("field", FIELDS)
 def test_odd_values_in_every_field(field: str) -> None:
     for value in ODD_VALUES:
-        check_any_value(field, value)
+        check_any_value(parse_chat_request, body, field, value)
 
 
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # pragma: no cover - depends on the environment
-
-    def test_any_json_value_in_any_field() -> None:
-        pytest.importorskip("hypothesis")
-
-else:
-    JSON = st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-        max_leaves=12,
-    )
-
-    @settings(max_examples=400, deadline=None)
-    @given(field=st.sampled_from(FIELDS), value=JSON)
-    def test_any_json_value_in_any_field(field: str, value: Any) -> None:
-        check_any_value(field, value)
+@settings(max_examples=400, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=JSON_VALUES)
+def test_any_json_value_in_any_field(field: str, value: Any) -> None:
+    check_any_value(parse_chat_request, body, field, value)

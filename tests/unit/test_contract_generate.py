@@ -6,11 +6,14 @@ import base64
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.contracts.generate import parse_generate_request
 from gateway.contracts.openapi import openapi_schemas
 from gateway.domain import GenerationRequest, GrammarSpec, ImageInput
 from gateway.errors import GatewayError, InvalidRequest, UnsupportedField
+from tests.unit.any_value import JSON_VALUES, check_any_value
 
 DROP = object()
 MODEL = "org__model"
@@ -423,42 +426,17 @@ ODD_VALUES: list[Any] = [
 ]
 
 
-def check_any_value(field: str, value: Any) -> None:
-    try:
-        result = parse_generate_request(body(**{field: value}), MODEL)
-    except GatewayError as err:
-        assert err.param is None or err.param == field or err.param.startswith((f"{field}.", f"{field}[")), (
-            field,
-            value,
-            err.param,
-        )
-        assert err.status == 400
-    else:
-        assert isinstance(result, GenerationRequest)
+def parse_on_model(payload: dict[str, Any]) -> GenerationRequest:
+    return parse_generate_request(payload, MODEL)
 
 
 @pytest.mark.parametrize("field", FIELDS)
 def test_odd_values_in_every_field(field: str) -> None:
     for value in ODD_VALUES:
-        check_any_value(field, value)
+        check_any_value(parse_on_model, body, field, value)
 
 
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # pragma: no cover - depends on the environment
-
-    def test_any_json_value_in_any_field() -> None:
-        pytest.importorskip("hypothesis")
-
-else:
-    JSON = st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-        max_leaves=12,
-    )
-
-    @settings(max_examples=400, deadline=None)
-    @given(field=st.sampled_from(FIELDS), value=JSON)
-    def test_any_json_value_in_any_field(field: str, value: Any) -> None:
-        check_any_value(field, value)
+@settings(max_examples=400, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=JSON_VALUES)
+def test_any_json_value_in_any_field(field: str, value: Any) -> None:
+    check_any_value(parse_on_model, body, field, value)
