@@ -20,9 +20,8 @@ from pathlib import Path
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from devstack.net import free_port, wait_http
-from devstack.serve import start_gateway, stop
-from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+from devstack.stack import local_stack
+from devstack.triton import REPO_ROOT, TritonPorts
 from gateway.domain import GenerationRequest
 from gateway.triton.codec import encode_request
 
@@ -193,19 +192,8 @@ async def _gateway_tok_s(port: int, prompts: list[str], max_tokens: int) -> floa
 
 
 def _with_stack(repo: Path, fn):
-    ports = TritonPorts(free_port(), free_port(), free_port())
-    logs = Path(tempfile.mkdtemp(prefix="bench-"))
-    triton = start_triton(repo, ports, logs / "triton.log")
-    gateway = None
-    try:
-        wait_ready(ports, triton)
-        gw_port = free_port()
-        gateway = start_gateway(ports.grpc, gw_port, workers=2, log_path=logs / "gateway.log")
-        wait_http(f"http://127.0.0.1:{gw_port}/readyz")
-        return fn(ports, gw_port)
-    finally:
-        stop(gateway)
-        stop(triton)
+    with local_stack(repo, Path(tempfile.mkdtemp(prefix="bench-"))) as running:
+        return fn(running.triton_ports, running.gateway_port)
 
 
 def main() -> None:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from devstack.net import free_port, wait_http
-from devstack.serve import start_gateway, stop
-from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+from devstack.stack import local_stack
+from devstack.triton import REPO_ROOT
 
 
 def _tree_rss_mb(pid: int) -> float:
@@ -37,30 +36,21 @@ def main() -> None:
     args = parser.parse_args()
     logs = Path("loadtest/results")
     logs.mkdir(parents=True, exist_ok=True)
-    ports = TritonPorts(free_port(), free_port(), free_port())
-    triton = start_triton(REPO_ROOT / "model_repository", ports, logs / "triton.log")
-    gateway = None
     samples: list[tuple[float, float, float]] = []
     done = threading.Event()
-    try:
-        wait_ready(ports, triton)
-        port = free_port()
-        gateway = start_gateway(ports.grpc, port, log_path=logs / "gateway.log")
-        wait_http(f"http://127.0.0.1:{port}/readyz")
+    with local_stack(REPO_ROOT / "model_repository", logs) as running:
         started = time.monotonic()
 
         def sample() -> None:
             while not done.wait(30):
-                samples.append((time.monotonic() - started, _tree_rss_mb(gateway.pid), _tree_rss_mb(triton.pid)))
+                samples.append((time.monotonic() - started, _tree_rss_mb(running.gateway.pid),
+                                _tree_rss_mb(running.triton.pid)))
 
         threading.Thread(target=sample, daemon=True).start()
         result = subprocess.run([sys.executable, "loadtest/run.py", "--users", str(args.users), "--duration",
-                                 args.duration, "--host", f"http://127.0.0.1:{port}", "--out", str(logs),
+                                 args.duration, "--host", running.base_url, "--out", str(logs),
                                  "--classes", args.classes], cwd=REPO_ROOT, check=False)
         done.set()
-    finally:
-        stop(gateway)
-        stop(triton)
     for t, gw, tr in samples:
         print(f"memory t={t:5.0f}s gateway_mb={gw:8.1f} triton_mb={tr:8.1f}")
     first = next((s for s in samples if s[0] >= 60), None)

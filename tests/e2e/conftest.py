@@ -13,6 +13,7 @@ import pytest
 
 from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
+from devstack.stack import local_stack
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from tests.tiny_vlm import ensure_tiny_vlm
 
@@ -40,20 +41,11 @@ class Stack:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack-logs")
-    ports = TritonPorts(free_port(), free_port(), free_port())
     ensure_tiny_vlm()  # model_repository/tiny_vlm serves it; `make model` normally built it already
-    triton = start_triton(REPO_ROOT / "model_repository", ports, log_dir / "triton.log")
-    gateway = None
     try:
-        wait_ready(ports, triton, timeout=300)
-        gateway_port = free_port()
-        gateway = start_gateway(ports.grpc, gateway_port, workers=2, log_path=log_dir / "gateway.log",
-                                extra_env={"SIE_AUTH_MODE": "none"})
-        wait_http(f"http://127.0.0.1:{gateway_port}/readyz")
-        yield Stack(f"http://127.0.0.1:{gateway_port}", ports, log_dir)
+        with local_stack(REPO_ROOT / "model_repository", log_dir, extra_env={"SIE_AUTH_MODE": "none"}) as running:
+            yield Stack(running.base_url, running.triton_ports, log_dir)
     finally:
-        stop(gateway)
-        stop(triton)
         if os.environ.get("CI"):
             for name in ("triton.log", "gateway.log"):
                 path = log_dir / name

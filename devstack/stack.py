@@ -1,0 +1,47 @@
+"""A local stack on free ports: tritonserver on a model repository, then the gateway, both stopped on exit.
+
+Shared by the e2e fixture, the gateway benchmark and the soak script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from devstack.net import free_port, wait_http
+from devstack.serve import start_gateway, stop
+from devstack.triton import TritonPorts, start_triton, wait_ready
+
+
+@dataclass
+class LocalStack:
+    triton_ports: TritonPorts
+    gateway_port: int
+    triton: subprocess.Popen
+    gateway: subprocess.Popen
+    log_dir: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+
+@contextlib.contextmanager
+def local_stack(repo: Path, log_dir: Path, workers: int = 2, extra_env: dict[str, str] | None = None,
+                triton_timeout: float = 300.0) -> Iterator[LocalStack]:
+    ports = TritonPorts(free_port(), free_port(), free_port())
+    triton = start_triton(repo, ports, log_dir / "triton.log")
+    gateway = None
+    try:
+        wait_ready(ports, triton, timeout=triton_timeout)
+        port = free_port()
+        gateway = start_gateway(ports.grpc, port, workers=workers, log_path=log_dir / "gateway.log",
+                                extra_env=extra_env)
+        wait_http(f"http://127.0.0.1:{port}/readyz")
+        yield LocalStack(ports, port, triton, gateway, log_dir)
+    finally:
+        stop(gateway)
+        stop(triton)
