@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, PrivateAttr, WithJsonSchema, field_validator, model_validator
@@ -22,6 +23,18 @@ class ToolCallFunction(ContractModel):
 
     name: NonEmptyStr
     arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_arguments(cls, value: str) -> str:
+        # the engine renders replayed calls through the chat template, which needs the decoded
+        # object; catch it here so the client hears which call is at fault (empty means `{}`)
+        if value.strip():
+            try:
+                json.loads(value)
+            except ValueError:
+                raise violation("must be a JSON-encoded string (the function's arguments)") from None
+        return value
 
 
 class ToolCall(ContractModel):

@@ -171,6 +171,19 @@ ERROR_ROWS: list[tuple[str, Any, tuple[type, str], str | None]] = [
         INV,
         "messages[1].tool_calls[0].function.arguments",
     ),
+    (
+        "tool-call-arguments-not-json",
+        msgs(
+            user("q"),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [CALL, {**CALL, "id": "call_2", "function": {"name": "f", "arguments": "{city: Paris"}}],
+            },
+        ),
+        INV,
+        "messages[1].tool_calls[1].function.arguments",
+    ),
     # token caps
     *[
         (f"{field}-{label}", body(**{field: value}), INV, field)
