@@ -44,6 +44,9 @@ class SamplingParams:
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)  # end the candidate like EOS (native stop_tokens)
+    max_tokens_param: str = "max_tokens"  # the client's name for the cap, for context_exceeded errors
+    clamp_max_tokens: bool = False  # the cap is a default, not the client's: clamp it to the context left
 
     @property
     def width(self) -> int:
@@ -82,6 +85,8 @@ class SamplingParams:
             raise invalid("logit_bias keys must be token ids", "logit_bias") from None
         if grammar is not None:
             params.grammar = GrammarRequest(**grammar)
+        # a cap the client did not set is a default: it is clamped to the context, never an error
+        params.clamp_max_tokens = params.clamp_max_tokens or "max_tokens" not in given
         params._check()
         return params
 
