@@ -17,6 +17,7 @@ from gateway.middleware import RequestContextMiddleware
 from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
+from gateway.resources.completions import CompletionsResource
 from gateway.resources.generate import GenerateResource
 from gateway.resources.health import HealthResource, MetricsResource, ModelsResource, OpenAPIResource, ReadyResource
 from gateway.service import GenerationService
@@ -25,7 +26,7 @@ from gateway.settings import Settings
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
 
-_ROUTE_NAMES = {"/v1/chat/completions": "chat"}
+_ROUTE_NAMES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
 
 def _route(path: str) -> str:
@@ -86,6 +87,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> fal
     app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))
+    app.add_route("/v1/completions", CompletionsResource(settings, service))
     generate = GenerateResource(settings, service)
     app.add_route("/v1/generate/{model}", generate)
     app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash

@@ -47,6 +47,7 @@ class GenerationRequest:
     n: int = 1
     best_of: int | None = None
     lora_adapter: str | None = None
+    ignore_eos: bool = False  # vLLM's extension (completions only): generate max_tokens regardless of EOS
     grammar: GrammarSpec | None = None
     tools: tuple[dict[str, Any], ...] | None = None
     tool_choice: Any = None
@@ -83,8 +84,17 @@ class GenerationRequest:
         params.update({k: v for k, v in optional.items() if v is not None})
         if self.logit_bias:
             params["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
-        if self.stop:
-            params["stop"] = list(self.stop)
+        # native `options.stop_tokens`: ids end generation on that token (the engine's `stop_token_ids`);
+        # token strings act as stop strings
+        stop_tokens = (self.options or {}).get("stop_tokens") or ()
+        stop_ids = [t for t in stop_tokens if isinstance(t, int)]
+        if stop_ids:
+            params["stop_token_ids"] = stop_ids
+        stops = [*self.stop, *(t for t in stop_tokens if isinstance(t, str))]
+        if stops:
+            params["stop"] = stops
+        if self.ignore_eos:
+            params["ignore_eos"] = True
         if self.logprobs:
             params["logprobs"] = True
             params["top_logprobs"] = self.top_logprobs
@@ -117,6 +127,12 @@ class GenerationEvent:
     stop_reason: str | None = None
     ttft_ms: float | None = None  # engine timing, on closing events
     tpot_ms: float | None = None
+
+    @property
+    def is_progress(self) -> bool:
+        """The engine's first-token marker on blocking requests: nothing to render, only liveness."""
+        return not self.text and self.finish_reason is None and not self.logprobs and not self.reasoning \
+            and not self.tool_calls
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""The OpenAPI document of both contracts, generated from the same pydantic models that validate them."""
+"""The OpenAPI document of the contracts, generated from the same pydantic models that validate them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gateway.contracts.chat import ChatCompletionRequest
+from gateway.contracts.completions import CompletionRequest
 from gateway.contracts.generate import GenerateRequest
 from gateway.settings import VERSION
 
@@ -41,6 +42,7 @@ def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]
 def build_openapi() -> dict[str, Any]:
     components: dict[str, Any] = {"ErrorResponse": _ERROR}
     components["ChatCompletionRequest"] = _hoist(ChatCompletionRequest.model_json_schema(ref_template=_REF), components)
+    components["CompletionRequest"] = _hoist(CompletionRequest.model_json_schema(ref_template=_REF), components)
     components["GenerateRequest"] = _hoist(GenerateRequest.model_json_schema(ref_template=_REF), components)
     sse = {"text/event-stream": {"schema": {"type": "string"}}}
     headers = [
@@ -67,6 +69,19 @@ def build_openapi() -> dict[str, Any]:
                         "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}},
                     "responses": {
                         "200": {"description": "chat.completion, or chat.completion.chunk SSE when stream is true",
+                                "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
+                        **_errors(400, 401, 404, 413, 500, 503),
+                    },
+                }
+            },
+            "/v1/completions": {
+                "post": {
+                    "operationId": "completions",
+                    "parameters": headers,
+                    "requestBody": {"required": True, "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}}},
+                    "responses": {
+                        "200": {"description": "text_completion, or text_completion SSE chunks when stream is true",
                                 "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
                         **_errors(400, 401, 404, 413, 500, 503),
                     },

@@ -1,0 +1,181 @@
+"""`POST /v1/completions` request contract (OpenAI legacy completions, SIE extensions, vLLM's `ignore_eos`).
+
+The prompt is continued as raw text (`text_input`, no chat template), like native generate. An array of
+prompts is one engine request per prompt, each with the request's `n`; choice `p * n + j` is candidate `j`
+of prompt `p`, as OpenAI numbers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
+
+from gateway.contracts.chat import Candidates, MaxTokens, StreamOptions
+from gateway.contracts.common import (
+    LOGIT_BIAS_SCHEMA,
+    STOP_SCHEMA,
+    U32_MAX,
+    UNSUPPORTED,
+    ContractModel,
+    NonEmptyStr,
+    Penalty,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    is_number,
+    logit_bias_map,
+    stop_sequences,
+    validate_body,
+    violation,
+)
+from gateway.domain import GenerationRequest
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
+MAX_LOGPROBS = 5  # the legacy API's ceiling
+MAX_CHOICES = 128  # prompts x candidates per request: each candidate holds an engine slot
+
+_PROMPT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    ]
+}
+
+
+def _is_token_ids(value: Any) -> bool:
+    """`[1, 2]` or `[[1, 2], [3]]`: the token-id forms of `prompt`, which this gateway does not take."""
+    if not isinstance(value, list) or not value:
+        return False
+    if all(is_number(v) and isinstance(v, int) for v in value):
+        return True
+    return all(isinstance(v, list) and all(is_number(t) and isinstance(t, int) for t in v) for v in value)
+
+
+def _prompts(value: Any) -> tuple[str, ...]:
+    """`prompt` as a tuple of non-empty strings (one per choice set)."""
+    if isinstance(value, str):
+        if not value:
+            raise violation("must be a non-empty string")
+        return (value,)
+    if _is_token_ids(value):
+        raise violation("as token ids is not supported; send the prompt as text", code=UNSUPPORTED)
+    if not isinstance(value, list):
+        raise violation("must be a string or an array of strings")
+    if not value:
+        raise violation("must not be empty")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise violation("must be a non-empty string", i)
+    return tuple(value)
+
+
+class CompletionRequest(ContractModel):
+    """OpenAI-compatible completions request with SIE extensions; strict allow-list."""
+
+    model: NonEmptyStr
+    prompt: Annotated[Any, AfterValidator(_prompts), WithJsonSchema(_PROMPT_SCHEMA)]
+    suffix: str | None = None  # only "" (no suffix) is accepted: insertion is not supported
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Candidates | None = None
+    best_of: Candidates | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool | None = None
+    stop: Annotated[
+        Any,
+        AfterValidator(lambda v: stop_sequences(v, allow_string=True)),
+        WithJsonSchema(STOP_SCHEMA),
+    ] = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: Annotated[Any, AfterValidator(logit_bias_map), WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
+    seed: Seed | None = None
+    user: str | None = None  # accepted and dropped (PII)
+    # SIE extensions, as on chat
+    top_k: TopK | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=U32_MAX)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
+    lora_adapter: NonEmptyStr | None = None
+    prompt_cache_key: str | None = None
+    routing_key: str | None = None
+    # vLLM's extension, on this route only: `vllm bench serve` sends it with its random dataset.
+    ignore_eos: bool | None = None
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> CompletionRequest:
+        if self.suffix:
+            raise violation("is not supported (no insertion); leave it out", "suffix", code=UNSUPPORTED)
+        if self.echo and self.logprobs is not None:
+            # the engine reports logprobs of generated tokens only, not of the echoed prompt
+            raise violation("is not supported together with 'logprobs'", "echo", code=UNSUPPORTED)
+        self._check_candidates()
+        return self
+
+    def _check_candidates(self) -> None:
+        n = self.n or 1
+        if self.best_of is not None:
+            if self.best_of < n:
+                raise violation("must be >= n", "best_of")
+            if self.stream:
+                raise violation("is not supported with 'stream: true'", "best_of", code=UNSUPPORTED)
+        width = max(n, self.best_of or 1)
+        if len(self.prompt) * width > MAX_CHOICES:
+            raise violation(
+                f"has {len(self.prompt)} prompts of {width} candidates each; the limit is {MAX_CHOICES} "
+                "candidates per request",
+                "prompt",
+            )
+
+    def to_generation_request(self) -> GenerationRequest:
+        """The wire-neutral request for the first prompt (`user` is dropped here)."""
+        stream = bool(self.stream)
+        usage = bool(self.stream_options and self.stream_options.include_usage)
+        return GenerationRequest(
+            model=self.model,
+            max_tokens=self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS,
+            max_tokens_param="max_tokens",
+            max_tokens_defaulted=self.max_tokens is None,
+            prompt=self.prompt[0],
+            stream=stream,
+            include_usage=stream and usage,  # stream_options is legal but ignored on blocking requests
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_tokens=self.min_tokens,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
+            seed=self.seed,
+            stop=self.stop or (),
+            logprobs=self.logprobs is not None,
+            top_logprobs=self.logprobs or 0,
+            n=self.n or 1,
+            best_of=self.best_of,
+            lora_adapter=self.lora_adapter,
+            ignore_eos=bool(self.ignore_eos),
+            routing_key=self.routing_key,
+            prompt_cache_key=self.prompt_cache_key,
+        )
+
+
+@dataclass(frozen=True)
+class CompletionJob:
+    """A validated completions request: the engine request (for `prompts[0]`) and how to answer it."""
+
+    request: GenerationRequest
+    prompts: tuple[str, ...]
+    echo: bool
+    logprobs: int | None  # the legacy integer; None: no logprobs object
+
+
+def parse_completion_request(body: Any) -> CompletionJob:
+    """Validate a decoded completions body; raises `InvalidRequest` / `UnsupportedField` on violations."""
+    request = validate_body(CompletionRequest, body)
+    return CompletionJob(request.to_generation_request(), request.prompt, bool(request.echo), request.logprobs)
