@@ -44,8 +44,10 @@ class GatewayError(Exception):
         err.update(self.extra)
         return {"error": err}
 
+    header_code: str | None = None  # `X-SIE-Error-Code` when it differs from the body code
+
     def headers(self) -> dict[str, str]:
-        headers = {"X-SIE-Error-Code": self.code}
+        headers = {"X-SIE-Error-Code": self.header_code or self.code}
         if self.retry_after is not None:
             headers["Retry-After"] = _format_retry_after(self.retry_after)
         return headers
@@ -116,6 +118,19 @@ class Unavailable(GatewayError):
 
     def __init__(self, message: str, *, retry_after: float | None = 5, **kw: Any) -> None:
         super().__init__(message, retry_after=retry_after, **kw)
+
+
+class Provisioning(Unavailable):
+    """No reachable Triton endpoint, or none healthy for the model or pool: capacity may come back
+    (scale from zero, a restarting server). The SDK retries it under `wait_for_capacity`."""
+
+    code = "PROVISIONING"
+
+
+class PoolCapacityUnavailable(Unavailable):
+    """A pool that is configured with no endpoints at all (capped at zero workers)."""
+
+    header_code = "POOL_CAPACITY_UNAVAILABLE"
 
 
 class UpstreamTimeout(GatewayError):

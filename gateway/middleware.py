@@ -23,6 +23,7 @@ class RequestContextMiddleware:
         req.context.request_id = uuid.uuid4().hex
         resp.set_header("X-SIE-Request-ID", req.context.request_id)
         resp.set_header("X-SIE-Server-Version", self.settings.server_version)
+        resp.set_header("X-SIE-Version", self.settings.server_version)
         self._check_sdk_version(req.get_header("X-SIE-SDK-Version"))
         self.auth.check(req.path, req.get_header("Authorization"), req.get_header("x-api-key"))
 

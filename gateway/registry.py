@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.errors import ModelNotFound, Unavailable
+from gateway.errors import ModelNotFound, Provisioning, Unavailable
 from gateway.profile import ModelProfile, canonical_id
 from gateway.settings import EndpointConfig, PoolConfig, Settings
 from gateway.triton.client import TritonClient
@@ -79,6 +79,10 @@ class ModelRegistry:
                 not_ready.add(name)
         endpoint.models, endpoint.not_ready, endpoint.healthy = models, not_ready, True
 
+    def provisioning(self, message: str) -> Provisioning:
+        """503 PROVISIONING with the operator's Retry-After (the contract's 60 s by default)."""
+        return Provisioning(message, retry_after=self.settings.provisioning_retry_after_s)
+
     def mark_unhealthy(self, endpoint: Endpoint) -> None:
         endpoint.healthy = False
 
@@ -121,7 +125,7 @@ class ModelRegistry:
         worker's first request, a model that has just loaded)."""
         try:
             return self._lookup(requested)
-        except (ModelNotFound, Unavailable):
+        except (ModelNotFound, Unavailable):  # Provisioning included
             await self.refresh_if_stale()
             return self._lookup(requested)
 
@@ -132,7 +136,7 @@ class ModelRegistry:
             if profile.name in wanted or profile.sie_id == model or profile.triton_model == model:
                 return profile, machine_profile
         if not any(e.healthy for e in self.endpoints):
-            raise Unavailable("no Triton endpoint is reachable; retry shortly", retry_after=5)
+            raise self.provisioning("no Triton endpoint is reachable; provisioning in progress, retry shortly")
         # a loading model has no config yet, so only its Triton name is known: match it loosely,
         # with and without the org (`org/Name-1.5B` ~ `name_1_5b`)
         loose = {_loose(w) for w in wanted} | {_loose(w.rpartition("/")[2]) for w in wanted}

@@ -7,7 +7,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from gateway.errors import InvalidRequest, NotFound, Unavailable
+from gateway.errors import InvalidRequest, NotFound, PoolCapacityUnavailable, Unavailable
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
 
@@ -57,13 +57,21 @@ class Router:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
+    def check_pool(self, hints: RoutingHints) -> None:
+        """A named pool must be configured (404) and hold at least one endpoint (503 pool capacity)."""
+        if hints.pool is None:
+            return
+        pool = next((p for p in self.registry.settings.pools if p.name == hints.pool), None)
+        if pool is None:
+            raise NotFound(f"pool '{hints.pool}' not found", param="pool")
+        if not pool.endpoints:
+            raise PoolCapacityUnavailable(f"pool '{hints.pool}' has no capacity (zero endpoints configured)")
+
     def candidates(self, profile: ModelProfile, hints: RoutingHints) -> list[Endpoint]:
         """Endpoints to try, best first (the rest are fallbacks for failures before the first token)."""
         endpoints = self.registry.endpoints
-        pools = {e.pool.name for e in endpoints}
+        self.check_pool(hints)
         if hints.pool is not None:
-            if hints.pool not in pools:
-                raise NotFound(f"pool '{hints.pool}' not found", param="pool")
             endpoints = [e for e in endpoints if e.pool.name == hints.pool]
         if hints.machine_profile is not None:
             endpoints = [e for e in endpoints if e.pool.machine_profile == hints.machine_profile]
@@ -85,9 +93,10 @@ class Router:
             serving = local
         healthy = [e for e in serving if e.healthy and profile.name in e.models]
         if not healthy:
-            message = "no healthy local endpoint serves this model" if hints.forbid_remote else \
-                f"no healthy endpoint serves '{profile.name}' in the selected pool"
-            raise Unavailable(message, retry_after=5)
+            if hints.forbid_remote:  # the contract's "no verified local worker": retryable, Retry-After 5
+                raise Unavailable("no healthy local endpoint serves this model", retry_after=5)
+            raise self.registry.provisioning(
+                f"no healthy endpoint serves '{profile.name}' in the selected pool; provisioning in progress")
         if hints.affinity_key:
             return sorted(healthy, key=lambda e: _rendezvous_score(hints.affinity_key or "", e), reverse=True)
         random.shuffle(healthy)  # ties between equally loaded endpoints spread evenly

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from gateway.contracts.profile_checks import check_against_profile
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.errors import GatewayError, MalformedWorkerResponse, UpstreamTimeout
+from gateway.errors import GatewayError, InvalidRequest, MalformedWorkerResponse, UpstreamTimeout, worker_error
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
 from gateway.router import Router, RoutingHints
 from gateway.settings import Settings
+from gateway.timeouts import Timeouts
 from gateway.triton.client import UpstreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -32,17 +33,21 @@ class GenerationSession:
     endpoint: Endpoint
     first: GenerationEvent
     stream: AsyncGenerator[GenerationEvent, None]
-    settings: Settings
+    timeouts: Timeouts
     started: float
     ttft_s: float
     deadline: float
     closed: bool = field(default=False)
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
+        # A blocking request hears from the engine only at its first token (a progress marker) and when a
+        # choice closes: the inter-chunk timeout would cut a long generation, or the wait between the
+        # closures of n>1 choices, so only the overall deadline governs it after the first token.
+        inter_chunk = self.timeouts.inter_chunk_s if self.request.stream else float("inf")
         try:
             yield self.first
             while True:
-                timeout = min(self.settings.inter_chunk_timeout_s, self.deadline - time.monotonic())
+                timeout = min(inter_chunk, self.deadline - time.monotonic())
                 if timeout <= 0:
                     raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout")
                 try:
@@ -57,6 +62,10 @@ class GenerationSession:
                                               code="overall_timeout") from None
                     raise UpstreamTimeout("no output from the model in time", code="inter_chunk_timeout",
                                           status=502) from None
+                except asyncio.CancelledError:
+                    if _we_are_cancelled():
+                        raise
+                    raise upstream_cancelled() from None
                 yield event
         finally:
             await self.close()
@@ -74,6 +83,8 @@ class GenerationSession:
         last_at = time.monotonic()
         engine_timing: tuple[float, float | None] | None = None
         async for event in self.events():
+            if event.is_progress:
+                continue  # the engine's first-token marker on blocking requests (docs/triton-contract.md)
             if event.ttft_ms is not None and engine_timing is None:
                 engine_timing = (event.ttft_ms, event.tpot_ms)
             last_at = time.monotonic()
@@ -114,25 +125,41 @@ class GenerationService:
 
     async def resolve(self, req: GenerationRequest) -> tuple[GenerationRequest, ModelProfile, str | None]:
         """Resolve the model and apply its profile: the request as it will run, or a contract error."""
-        profile, machine_profile = await self.registry.resolve(req.model)
+        profile, machine_profile = await self.lookup(req.model)
+        return self.apply_profile(req, profile), profile, machine_profile
+
+    async def lookup(self, model: str) -> tuple[ModelProfile, str | None]:
+        """The model id as the client wrote it -> (profile, machine profile of a `model:profile` suffix).
+
+        404 for an unknown model, 503 while none is reachable, 400 naming `profile` for a suffix that no
+        configured pool serves (sie-contract.md: unknown profile)."""
+        profile, machine_profile = await self.registry.resolve(model)
+        if machine_profile not in (None, "default") and \
+                machine_profile not in {p.machine_profile for p in self.settings.pools}:
+            raise InvalidRequest(f"profile '{machine_profile}' is not configured on this gateway", param="profile")
+        return profile, machine_profile
+
+    @staticmethod
+    def apply_profile(req: GenerationRequest, profile: ModelProfile) -> GenerationRequest:
         if req.max_tokens_defaulted and req.max_tokens > profile.max_output_tokens:
             # the client set no cap: the gateway default must not turn into a context_exceeded error
             req = dataclasses.replace(req, max_tokens=profile.max_output_tokens)
         check_against_profile(req, profile)
-        return req, profile, machine_profile
+        return req
 
     async def open(
         self, req: GenerationRequest, profile: ModelProfile, hints: RoutingHints, request_id: str
     ) -> GenerationSession:
         """Route and wait for the first event; failures here are ordinary HTTP errors."""
         started = time.monotonic()
-        deadline = started + self.settings.overall_timeout_s
+        timeouts = Timeouts.for_request(self.settings, req.options)
+        deadline = started + timeouts.overall_s
         last_error: GatewayError | None = None
         for endpoint in self.router.candidates(profile, hints):
             stream = endpoint.client.generate(profile.triton_model, req, request_id)
             endpoint.outstanding += 1
             try:
-                timeout = min(self.settings.first_chunk_timeout_s, deadline - started)
+                timeout = min(timeouts.first_chunk_s, deadline - started)
                 async with asyncio.timeout(timeout):
                     first = await anext(stream)
             except UpstreamUnavailable as exc:
@@ -146,7 +173,7 @@ class GenerationService:
             except TimeoutError:
                 endpoint.outstanding -= 1
                 await stream.aclose()
-                if self.settings.overall_timeout_s <= self.settings.first_chunk_timeout_s:
+                if timeouts.overall_s <= timeouts.first_chunk_s:
                     raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout") from None
                 raise UpstreamTimeout("no output from the model in time", code="first_chunk_timeout") from None
             except StopAsyncIteration:
@@ -156,12 +183,25 @@ class GenerationService:
             except BaseException as exc:
                 endpoint.outstanding -= 1
                 await stream.aclose()
+                if isinstance(exc, asyncio.CancelledError) and not _we_are_cancelled():
+                    exc = upstream_cancelled()
                 if isinstance(exc, GatewayError):
                     UPSTREAM_ERRORS.labels(code=exc.code).inc()
-                raise
+                raise exc from None
             return GenerationSession(
-                profile, req, request_id, endpoint, first, stream, self.settings,
+                profile, req, request_id, endpoint, first, stream, timeouts,
                 started, time.monotonic() - started, deadline,
             )
         assert last_error is not None
         raise last_error
+
+
+def _we_are_cancelled() -> bool:
+    """Whether a CancelledError is ours (the client left, the task is being cancelled) rather than
+    the upstream call ending with gRPC CANCELLED, which must end the request with an error."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def upstream_cancelled() -> GatewayError:
+    return worker_error("cancelled", "the model server cancelled the request")

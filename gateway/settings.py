@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ class PoolConfig:
 @dataclass(frozen=True)
 class Settings:
     pools: tuple[PoolConfig, ...]
-    default_pool: str = "default"
     auth_mode: str = "none"
     auth_tokens: tuple[str, ...] = ()
     auth_exempt_operational: bool = False
@@ -39,11 +38,13 @@ class Settings:
     first_chunk_timeout_s: float = 120.0
     inter_chunk_timeout_s: float = 60.0
     overall_timeout_s: float = 600.0
+    max_timeout_s: float = 3600.0  # operator cap on the per-request `options.*_timeout_s`
+    provisioning_retry_after_s: float = 60.0  # Retry-After on 503 PROVISIONING (the contract says 60)
+    stream_buffer_events: int = 64  # events queued per stream before deltas are coalesced (slow readers)
     keepalive_interval_s: float = 15.0
     model_refresh_s: float = 5.0
     server_version: str = VERSION
     log_level: str = "INFO"
-    machine_profiles: frozenset[str] = field(default_factory=lambda: frozenset({"default"}))
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -52,7 +53,6 @@ class Settings:
         tokens = env.get("SIE_AUTH_TOKENS") or env.get("SIE_AUTH_TOKEN") or ""
         return cls(
             pools=pools,
-            default_pool=pools[0].name,
             auth_mode=env.get("SIE_AUTH_MODE", "none").strip().lower() or "none",
             auth_tokens=tuple(t.strip() for t in tokens.split(",") if t.strip()),
             auth_exempt_operational=env.get("SIE_AUTH_EXEMPT_OPERATIONAL", "").lower() in ("1", "true", "yes"),
@@ -62,10 +62,11 @@ class Settings:
             first_chunk_timeout_s=float(env.get("SIE_GATEWAY_FIRST_CHUNK_TIMEOUT_S", "120")),
             inter_chunk_timeout_s=float(env.get("SIE_GATEWAY_INTER_CHUNK_TIMEOUT_S", "60")),
             overall_timeout_s=float(env.get("SIE_GATEWAY_OVERALL_TIMEOUT_S", "600")),
+            max_timeout_s=float(env.get("SIE_GATEWAY_MAX_TIMEOUT_S", "3600")),
+            provisioning_retry_after_s=float(env.get("SIE_GATEWAY_PROVISIONING_RETRY_AFTER_S", "60")),
             keepalive_interval_s=float(env.get("SIE_GATEWAY_SSE_KEEPALIVE_S", "15")),
             model_refresh_s=float(env.get("SIE_GATEWAY_MODEL_REFRESH_S", "5")),
             log_level=env.get("GATEWAY_LOG_LEVEL", "INFO").upper(),
-            machine_profiles=frozenset(p.machine_profile for p in pools),
         )
 
 

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from gateway.domain import GenerationRequest
 from gateway.errors import GatewayError
 from gateway.router import RoutingHints, parse_machine_profile, parse_pool, parse_remote
 
 
-def routing_hints(req, greq: GenerationRequest, model_profile: str | None) -> RoutingHints:
+def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None) -> RoutingHints:
+    """Routing from the headers (and the model's `:profile` suffix); affinity from the body when given.
+
+    Without `greq` (the native route, before its body is read) the affinity key is added later with
+    `with_affinity`."""
     pool = parse_pool(req.get_header("X-SIE-Pool"))
     header_pool, machine_profile = parse_machine_profile(req.get_header("X-SIE-MACHINE-PROFILE"))
     remote_values = [v for k, v in req.scope.get("headers", []) if k.lower() == b"x-sie-remote"]
-    return RoutingHints(
+    hints = RoutingHints(
         pool=pool or header_pool,
         machine_profile=machine_profile or (model_profile if model_profile not in (None, "default") else None),
         forbid_remote=parse_remote([v.decode("latin-1") for v in remote_values] or None),
-        affinity_key=greq.routing_key or greq.prompt_cache_key,
     )
+    return hints if greq is None else with_affinity(hints, greq)
+
+
+def with_affinity(hints: RoutingHints, greq: GenerationRequest) -> RoutingHints:
+    return dataclasses.replace(hints, affinity_key=greq.routing_key or greq.prompt_cache_key)
 
 
 def set_sse_headers(resp) -> None:

@@ -11,7 +11,7 @@ from gateway.contracts.generate import parse_generate_request
 from gateway.errors import InvalidRequest, WorkerError, worker_error
 from gateway.metrics import TTFT
 from gateway.render.generate import GenerateStreamRenderer, render_generate_response
-from gateway.resources.common import collect_or_cancel, routing_hints, set_sse_headers
+from gateway.resources.common import collect_or_cancel, routing_hints, set_sse_headers, with_affinity
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -45,12 +45,15 @@ class GenerateResource:
         self.service = service
 
     async def on_post(self, req, resp, **_: str) -> None:
+        # the contract's order: the path model (400 / 404) and the routing headers before the body
         model = model_from_path(req)
-        body = await read_json_body(req, self.settings.generate_body_limit)
-        greq = parse_generate_request(body, model)
-        greq, profile, machine_profile = await self.service.resolve(greq)
+        profile, machine_profile = await self.service.lookup(model)
         req.context.model = profile.name
-        hints = routing_hints(req, greq, machine_profile)
+        hints = routing_hints(req, None, machine_profile)
+        self.service.router.check_pool(hints)
+        body = await read_json_body(req, self.settings.generate_body_limit)
+        greq = self.service.apply_profile(parse_generate_request(body, model), profile)
+        hints = with_affinity(hints, greq)
         request_id = req.context.request_id
         session = await self.service.open(greq, profile, hints, request_id)
         TTFT.labels(route="generate", model=profile.name).observe(session.ttft_s)
