@@ -3,8 +3,9 @@
 Status and headers are already sent when this runs (the first event arrived before the stream
 opened), so any failure from here on becomes an error event followed by `data: [DONE]`.
 
-Hot path: a pump task reads the model stream into a queue; the writer drains whatever is queued
-and sends it as one body chunk, so a burst of tokens costs one socket write, not one per token.
+Hot path: a pump task reads the model stream into a bounded buffer; the writer drains whatever is
+queued and sends it as one body chunk, so a burst of tokens costs one socket write, not one per token.
+A slow reader makes the buffer fold deltas together instead of growing (`stream_buffer.py`).
 A client disconnect cancels the pump (and so the Triton request) at once, even mid-silence.
 """
 
@@ -19,6 +20,7 @@ import orjson
 
 from gateway.domain import GenerationEvent
 from gateway.errors import GatewayError
+from gateway.stream_buffer import StreamBuffer
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +40,23 @@ def frame(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-async def _pump(events: AsyncGenerator[GenerationEvent, None], queue: asyncio.Queue) -> None:
+async def _pump(events: AsyncGenerator[GenerationEvent, None], buffer: StreamBuffer) -> None:
     try:
         async for event in events:
-            queue.put_nowait(event)
-        queue.put_nowait(_END)
+            await buffer.put(event)
+        buffer.put_terminal(_END)
     except asyncio.CancelledError:
-        raise
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the writer or the disconnect watcher stopped us: nobody waits for an end
+        # the model stream itself ended with CANCELLED (gRPC status from Triton): the client still
+        # gets an error event and its [DONE] instead of keep-alives forever
+        buffer.put_terminal(GatewayError("the model server cancelled the request", code="cancelled", status=408))
     except GatewayError as exc:
-        queue.put_nowait(exc)
+        buffer.put_terminal(exc)
     except Exception as exc:
         log.exception("stream failed")
-        queue.put_nowait(GatewayError(f"internal error while streaming ({type(exc).__name__})"))
+        buffer.put_terminal(GatewayError(f"internal error while streaming ({type(exc).__name__})"))
 
 
 async def sse_stream(
@@ -57,15 +64,16 @@ async def sse_stream(
     renderer: StreamRenderer,
     keepalive_s: float,
     watch_disconnect: Callable[[], Awaitable[None]] | None,
+    buffer_events: int = 64,
 ) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue = asyncio.Queue()
+    queue = StreamBuffer(buffer_events)
     pump = asyncio.create_task(_pump(events, queue))
     watcher = None
     if watch_disconnect is not None:
         async def on_disconnect() -> None:
             await watch_disconnect()
             pump.cancel()
-            queue.put_nowait(_GONE)
+            queue.put_terminal(_GONE)
 
         watcher = asyncio.create_task(on_disconnect())
     try:

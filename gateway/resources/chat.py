@@ -35,7 +35,7 @@ class ChatCompletionsResource:
             set_sse_headers(resp)
             renderer = ChatStreamRenderer(greq, request_id, created, profile.name, profile.reasoning)
             resp.stream = sse_stream(session.events(), renderer, self.settings.keepalive_interval_s,
-                                     req.scope.get("sie.watch_disconnect"))
+                                     req.scope.get("sie.watch_disconnect"), self.settings.stream_buffer_events)
             return
         result = await collect_or_cancel(session.collect(), req)
         resp.content_type = "application/json"

@@ -61,7 +61,7 @@ class GenerateResource:
             set_sse_headers(resp)
             renderer = GenerateStreamRenderer(greq, request_id, session.ttft_s * 1000)
             resp.stream = sse_stream(session.events(), renderer, self.settings.keepalive_interval_s,
-                                     req.scope.get("sie.watch_disconnect"))
+                                     req.scope.get("sie.watch_disconnect"), self.settings.stream_buffer_events)
             return
         result = await collect_or_cancel(session.collect(), req)
         choice = result.choices.get(0)
