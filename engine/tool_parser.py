@@ -2,7 +2,8 @@
 
 Accepted forms: a JSON array of `{"name", "arguments"}` objects (our model-agnostic format), a
 single such object (text after the leading JSON value is ignored), and Hermes/Qwen-style
-`<tool_call>{...}</tool_call>` blocks. Only declared function names count as calls.
+`<tool_call>{...}</tool_call>` blocks. The text must start with the call (after whitespace); only
+declared function names count as calls.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def _as_calls(value: Any) -> list[dict[str, Any]]:
 def parse_tool_calls(text: str, known_names: set[str]) -> list[dict[str, Any]]:
     """Return tool calls found in `text` (only for declared function names), else []."""
     candidates: list[Any] = []
-    tagged = _TAGGED.findall(text)
+    # a call is the start of the text, never text after prose: so a streaming client can be sent
+    # any text that cannot start a call at once (gateway/render/tool_holdback.py mirrors this rule)
+    tagged = _TAGGED.findall(text) if text.lstrip().startswith("<tool_call>") else []
     if tagged:
         for block in tagged:
             try:

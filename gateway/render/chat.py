@@ -7,6 +7,7 @@ from typing import Any
 
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
 from gateway.errors import GatewayError
+from gateway.render.tool_holdback import ToolHoldback
 from gateway.settings import VERSION
 
 _KEPT_FINISH = {"length", "tool_calls", "content_filter", "function_call"}
@@ -78,9 +79,8 @@ class ChatStreamRenderer:
             "system_fingerprint": system_fingerprint(model),
         }
         self.role_sent: set[int] = set()
-        # with tools in play, text may turn out to be a tool call: hold it until the choice closes
-        self.hold_text = bool(req.tools) and req.tool_choice != "none"
-        self.held: dict[int, list[str]] = {}
+        # with tools in play, leading text may turn out to be a tool call: hold only that part back
+        self.holdback = ToolHoldback() if req.tools and req.tool_choice != "none" else None
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
@@ -97,9 +97,8 @@ class ChatStreamRenderer:
         chunks = []
         self.prompt_tokens = max(self.prompt_tokens, event.prompt_tokens)
         text = event.text
-        if self.hold_text:
-            self.held.setdefault(event.index, []).append(text)
-            text = ""
+        if self.holdback is not None:
+            text = self.holdback.feed(event.index, text)
         delta: dict[str, Any] = {}
         if text:
             delta["content"] = text
@@ -114,7 +113,7 @@ class ChatStreamRenderer:
 
     def _close(self, event: GenerationEvent) -> list[dict[str, Any]]:
         chunks = []
-        held = "".join(self.held.pop(event.index, []))
+        held = self.holdback.close(event.index) if self.holdback is not None else ""
         if event.tool_calls:
             deltas = [
                 {"index": i, "id": call["id"], "type": "function",

@@ -40,6 +40,8 @@ def test_parses_calls(text, expected):
     '{"name": "get_time", "arguments": {',
     '{"city": "Paris"}',
     "",
+    # a call after prose is prose: the stream has already sent that prose as content
+    'Sure! <tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
 ])
 def test_text_that_is_not_a_declared_call_is_content(text):
     assert parse_tool_calls(text, NAMES) == []
@@ -60,12 +62,15 @@ def _request(stream: bool) -> GenerationRequest:
                              stream=stream, tools=TOOLS, tool_choice="auto")
 
 
-def _stream(text: str, split: int, calls) -> tuple[list[dict], str]:
+def _stream(text: str, split: int, calls, before_close: list[str] | None = None) -> tuple[list[dict], str]:
     renderer = ChatStreamRenderer(_request(True), "rid", 1, "m", reasoning=False)
     events = [GenerationEvent(index=0, text=text[:split], prompt_tokens=3),
               GenerationEvent(index=0, text=text[split:], finish_reason="stop", prompt_tokens=3,
                               completion_tokens=9, tool_calls=calls)]
-    chunks = [c for e in events for c in renderer.on_event(e)]
+    first = renderer.on_event(events[0])
+    if before_close is not None:  # what the client had before the choice closed
+        before_close.append("".join(c["choices"][0]["delta"].get("content") or "" for c in first))
+    chunks = first + renderer.on_event(events[1])
     deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
@@ -99,3 +104,31 @@ def test_plain_text_with_tools_streams_as_content_at_every_split():
     for split in range(len(text) + 1):
         deltas, content = _stream(text, split, None)
         assert deltas == [] and content == text
+
+
+@pytest.mark.parametrize("text", ["It is sunny in Paris.", "  \nParis.", "<b>Paris</b>", "<tool>x"])
+def test_text_that_cannot_start_a_call_streams_before_the_choice_closes(text):
+    for split in range(len(text) + 1):
+        seen: list[str] = []
+        deltas, content = _stream(text, split, None, seen)
+        assert deltas == [] and content == text
+        head = text[:split]
+        if head.strip() and not "<tool_call>".startswith(head.strip()):
+            assert seen == [head], (split, seen)  # streamed at once, not held to the end
+
+
+@pytest.mark.parametrize("text", ['[{"name": "x"', "  {", "<tool_", "\n<tool_call>{", "  "])
+def test_text_that_may_still_become_a_call_is_held(text):
+    seen: list[str] = []
+    _stream(text + " and more", len(text), None, seen)
+    assert seen == [""]
+
+
+def test_streamed_content_joins_to_the_blocking_content_with_tools_at_every_split():
+    text = "Sure, here it is: [1, 2]"
+    result = GenerationResult({0: {"text": text, "finish_reason": "stop", "logprobs": [], "tool_calls": None,
+                                   "completion_tokens": 9, "reasoning": None}}, 3, 9, None, None)
+    blocking = render_chat_completion(_request(False), result, "rid", 1, "m", False)["choices"][0]
+    for split in range(len(text) + 1):
+        deltas, content = _stream(text, split, None)
+        assert deltas == [] and content == blocking["message"]["content"]
