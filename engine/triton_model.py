@@ -19,25 +19,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Python backend stub
 
 from engine.engine import EngineConfig, LLMEngine
+from engine.error_codes import lookup
 from engine.errors import EngineError
 from engine.outbox import coalesce
 from engine.sampling_params import SamplingParams
 from engine.sequence import EngineRequest, RequestOutput
 from engine.triton_metrics import EngineMetrics
+from engine.vllm_compat import FLAG_INPUTS, Reply
 
 log = logging.getLogger(__name__)
-
-ERROR_CODES = {  # engine code -> Triton error code (gRPC status the gateway also sees)
-    "invalid_request": "INVALID_ARG",
-    "unsupported_field": "INVALID_ARG",
-    "context_exceeded": "INVALID_ARG",
-    "unknown_lora_adapter": "INVALID_ARG",
-    "grammar_invalid": "INVALID_ARG",
-    "QUEUE_FULL": "UNAVAILABLE",
-    "MODEL_LOADING": "UNAVAILABLE",
-    "cancelled": "CANCELLED",
-}
-
 
 def _input_str(request, name: str) -> str | None:
     """First element of a BYTES tensor, as UTF-8 text."""
@@ -62,6 +52,16 @@ def _input_bytes_list(request, name: str) -> list[bytes]:
 def _input_bool(request, name: str) -> bool:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False
+
+
+def _input_flags(request) -> dict[str, bool]:
+    """The vLLM backend's optional BOOL inputs that this request sent (engine/vllm_compat.py)."""
+    flags = {}
+    for name in FLAG_INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            flags[name] = bool(tensor.as_numpy().reshape(-1)[0])
+    return flags
 
 
 def _cache_path(name: str) -> str:
@@ -105,18 +105,18 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
+            reply = Reply(request.get_response_sender())
             try:
-                self.engine.submit(self._parse(request, sender))
+                self.engine.submit(self._parse(request, reply))
             except EngineError as exc:
-                self.outbox.put((sender, RequestOutput("", 0, "", "error", final=True, error=exc)))
+                self.outbox.put((reply, RequestOutput("", 0, "", "error", final=True, error=exc)))
             except Exception as exc:  # never let one malformed request escape without a FINAL
                 log.exception("could not parse request")
                 err = EngineError("invalid_request", f"malformed request tensors: {type(exc).__name__}")
-                self.outbox.put((sender, RequestOutput("", 0, "", "error", final=True, error=err)))
+                self.outbox.put((reply, RequestOutput("", 0, "", "error", final=True, error=err)))
         return None
 
-    def _parse(self, request, sender) -> EngineRequest:
+    def _parse(self, request, reply: Reply) -> EngineRequest:
         raw = _input_str(request, "sampling_parameters")
         try:
             params_dict = json.loads(raw) if raw else {}
@@ -128,13 +128,15 @@ class TritonPythonModel:
         messages_raw = _input_str(request, "messages")
         messages = json.loads(messages_raw) if messages_raw else None
         images = _input_bytes_list(request, "images")
-        prompt_ids, embeds = self.engine.encode_inputs(_input_str(request, "text_input"), messages, params, images)
+        text_input = _input_str(request, "text_input")
+        reply.configure(_input_flags(request), text_input if messages is None else None)
+        prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images)
         return EngineRequest(
             request_id=request.request_id() or "",
             prompt_ids=prompt_ids,
             prompt_embeds=embeds,
             params=params,
-            on_output=lambda out, s=sender: self.outbox.put((s, out)),
+            on_output=lambda out, r=reply: self.outbox.put((r, out)),
             stream=_input_bool(request, "stream"),
             is_cancelled=request.is_cancelled,
             grammar=self.engine.grammar_factory(params),
@@ -155,21 +157,21 @@ class TritonPythonModel:
             if stop:
                 return
 
-    def _send(self, sender, out: RequestOutput) -> None:
+    def _send(self, reply: Reply, out: RequestOutput) -> None:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.final else 0
         try:
             if out.error is not None or (out.final and out.finish_reason == "cancelled"):
                 error = out.error or EngineError("cancelled", "request cancelled")
-                code = getattr(pb_utils.TritonError, ERROR_CODES.get(error.code, "INTERNAL"))
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json(), code)),
-                            flags=flags)
+                code = getattr(pb_utils.TritonError, lookup(error.code).triton)
+                reply.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json(), code)),
+                                  flags=flags)
             else:
-                sender.send(self._response(out), flags=flags)
+                reply.sender.send(self._response(out, reply), flags=flags)
         except Exception:  # the client may be gone; the engine has already moved on
             log.debug("send failed", exc_info=True)
 
     @staticmethod
-    def _response(out: RequestOutput):
+    def _response(out: RequestOutput, reply: Reply):
         extras = {}
         if out.tool_calls:
             extras["tool_calls"] = out.tool_calls
@@ -180,7 +182,7 @@ class TritonPythonModel:
         if out.ttft_ms is not None:
             extras["ttft_ms"], extras["tpot_ms"] = out.ttft_ms, out.tpot_ms
         tensors = [
-            pb_utils.Tensor("text_output", np.array([out.text.encode("utf-8")], dtype=np.object_)),
+            pb_utils.Tensor("text_output", np.array([reply.text(out).encode("utf-8")], dtype=np.object_)),
             pb_utils.Tensor("index", np.array([out.index], dtype=np.int32)),
             pb_utils.Tensor("finish_reason", np.array([(out.finish_reason or "").encode()], dtype=np.object_)),
             pb_utils.Tensor("prompt_tokens", np.array([out.prompt_tokens], dtype=np.int32)),
@@ -191,6 +193,7 @@ class TritonPythonModel:
             pb_utils.Tensor("is_final", np.array([out.final], dtype=np.bool_)),
             pb_utils.Tensor("extras", np.array([json.dumps(extras).encode() if extras else b""], dtype=np.object_)),
         ]
+        tensors += [pb_utils.Tensor(name, value) for name, value in reply.extra_outputs(out).items()]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def _die(self) -> None:

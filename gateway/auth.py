@@ -7,8 +7,9 @@ import hmac
 from gateway.errors import ServerMisconfigured, Unauthorized
 from gateway.settings import Settings
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs"})
-OPERATIONAL_PATHS = frozenset({"/", "/health", "/metrics"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL
+# Only paths this gateway serves: the contract's other exempt paths (/docs, /, /health) have no route here.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+OPERATIONAL_PATHS = frozenset({"/metrics"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL
 ENABLED_MODES = frozenset({"token", "static"})
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# torch-free: the error table imports nothing (engine/__init__.py imports nothing either)
+from engine.error_codes import ERROR_CODES, UNKNOWN, UNKNOWN_CODE
+
 
 class GatewayError(Exception):
     status: int = 500
@@ -153,33 +156,14 @@ class WorkerError(GatewayError):
     code = "inference_error"
 
 
-# Worker codes -> (HTTP status, OpenAI type), used on blocking paths and in SSE error events.
-WORKER_CODE_STATUS: dict[str, tuple[int, str]] = {
-    "invalid_request": (400, "invalid_request_error"),
-    "unsupported_field": (400, "invalid_request_error"),
-    "grammar_invalid": (400, "invalid_request_error"),
-    "grammar_compile_failed": (400, "invalid_request_error"),
-    "unknown_lora_adapter": (400, "invalid_request_error"),
-    "context_exceeded": (400, "context_length_exceeded"),
-    "cancelled": (408, "server_error"),
-    "rate_limit_exceeded": (429, "rate_limit_error"),
-    "QUEUE_FULL": (503, "server_error"),
-    "MODEL_LOADING": (503, "server_error"),
-    "RESOURCE_EXHAUSTED": (503, "server_error"),
-    "transport_failure": (503, "server_error"),
-    "MODEL_OUTPUT_PARSE_ERROR": (500, "server_error"),
-}
-
-
 def worker_error(code: str, message: str, param: str | None = None) -> GatewayError:
-    """Build the gateway error for a worker-reported code (unknown codes → 500 inference_error)."""
-    status, typ = WORKER_CODE_STATUS.get(code, (500, "server_error"))
-    if code not in WORKER_CODE_STATUS and code != "malformed_worker_response":
-        code = "inference_error"
-    err = WorkerError(message, param=param, code=code, status=status)
-    err.type = typ
-    if status == 503:
-        err.retry_after = 1 if code == "QUEUE_FULL" else 5
-    elif status == 429:
-        err.retry_after = 1
+    """Build the gateway error for a worker-reported code from the contract's one error table
+    (engine/error_codes.py, shared with the model side); unknown codes → 500 inference_error."""
+    entry = ERROR_CODES.get(code)
+    if entry is None:
+        entry = UNKNOWN
+        if code != "malformed_worker_response":
+            code = UNKNOWN_CODE
+    err = WorkerError(message, param=param, code=code, status=entry.http, retry_after=entry.retry_after)
+    err.type = entry.type
     return err

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 
 def sie_safe_id(canonical: str) -> str:
@@ -22,14 +21,11 @@ class ModelProfile:
     name: str  # canonical id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct
     triton_model: str  # Triton model name in the repository
     max_output_tokens: int = 4096
-    context_length: int = 8192
     lora_adapters: frozenset[str] = frozenset()
     image_input: bool = False
     grammar_kinds: frozenset[str] = frozenset()
     reasoning: bool = False
     streaming: bool = True
-    machine_profiles: frozenset[str] = frozenset({"default"})
-    default_sampling: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sie_id(self) -> str:
@@ -48,12 +44,9 @@ class ModelProfile:
             name=parameters.get("served_name") or triton_model,
             triton_model=triton_model,
             max_output_tokens=int(parameters.get("max_output_tokens", "4096")),
-            context_length=int(parameters.get("context_length", "8192")),
             lora_adapters=frozenset(lora),
             image_input=parameters.get("image_input", "false").lower() == "true",
             grammar_kinds=csv("grammar_kinds"),
             reasoning=parameters.get("reasoning", "false").lower() == "true",
             streaming=parameters.get("streaming", "true").lower() == "true",
-            machine_profiles=csv("machine_profiles") or frozenset({"default"}),
-            default_sampling=json.loads(parameters.get("default_sampling") or "{}"),
         )

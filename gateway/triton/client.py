@@ -1,4 +1,4 @@
-"""Async gRPC client for one Triton endpoint: streaming generation, readiness, model discovery.
+"""Async gRPC client for one Triton endpoint: streaming generation and model discovery.
 
 One bidirectional `ModelStreamInfer` call per HTTP request; the request side stays open until we
 are done (half-closing it early makes the call end), and leaving early cancels the call, which
@@ -79,20 +79,6 @@ class TritonClient:
         finally:
             finished.set()
             call.cancel()  # no-op when complete; cancels the Triton request when the client left
-
-    async def server_ready(self, timeout: float = 2.0) -> bool:
-        try:
-            reply = await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout)
-            return bool(reply.ready)
-        except grpc.aio.AioRpcError:
-            return False
-
-    async def model_ready(self, name: str, timeout: float = 2.0) -> bool:
-        try:
-            reply = await self.stub.ModelReady(service_pb2.ModelReadyRequest(name=name), timeout=timeout)
-            return bool(reply.ready)
-        except grpc.aio.AioRpcError:
-            return False
 
     async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
         """(name, state, parameters) for every model in the repository index."""

@@ -83,13 +83,13 @@ Script = list[Any] | Callable[[GenerationRequest], list[Any]]
 
 
 class FakeTriton:
-    """Implements TritonClient's interface: generate / list_models / server_ready / close."""
+    """Implements TritonClient's interface: generate / list_models / close."""
 
     def __init__(self, url: str, models: list[tuple[str, str, dict[str, str]]] | None = None) -> None:
         self.url = url
         self.models = models if models is not None else [(TRITON_MODEL, "READY", dict(BASE_PARAMS))]
         self.script: Script = tokens("Hello", " world")
-        self.down = False  # list_models / server_ready fail like an unreachable Triton
+        self.down = False  # list_models fails like an unreachable Triton
         self.calls: list[Call] = []
         self.closed = False
 
@@ -97,9 +97,6 @@ class FakeTriton:
         if self.down:
             raise UpstreamUnavailable("Triton is unavailable (unavailable)")
         return [(name, state, dict(params)) for name, state, params in self.models]
-
-    async def server_ready(self, timeout: float = 2.0) -> bool:
-        return not self.down
 
     async def close(self) -> None:
         self.closed = True

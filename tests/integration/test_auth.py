@@ -88,3 +88,12 @@ async def test_operational_routes_are_open(secured, path):
 async def test_model_list_needs_a_token(secured):
     assert_error(await secured.client.get("/v1/models"), 401, "UNAUTHORIZED", None)
     assert (await secured.client.get("/v1/models", headers={"x-api-key": "tok-two"})).status_code == 200
+
+
+async def test_every_auth_exempt_path_is_served(secured):
+    """An exempt path with no route is dead configuration: it would only open a 404 to anyone."""
+    from gateway.auth import OPEN_PATHS, OPERATIONAL_PATHS
+
+    for path in sorted(OPEN_PATHS | OPERATIONAL_PATHS):
+        resp = await secured.client.get(path)
+        assert resp.status_code != 404, path

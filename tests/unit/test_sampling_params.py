@@ -163,7 +163,7 @@ def test_float_keys_take_numeric_strings(key):
 
 @pytest.mark.parametrize(("text", "expected"), [("true", True), ("False", False), ("1", True), ("0", False)])
 def test_bool_keys_take_words(text, expected):
-    assert VLLM_BOOL_KEYS == {"ignore_eos"}
+    assert {"ignore_eos"} == VLLM_BOOL_KEYS
     assert SamplingParams.from_dict({"ignore_eos": text}).ignore_eos is expected
 
 
