@@ -33,7 +33,9 @@ def legacy_logprobs(entries: list[dict[str, Any]] | None, offset: int) -> dict[s
         token = entry["token"]
         tokens.append(token)
         token_logprobs.append(entry["logprob"])
-        alternatives = {alt["token"]: alt["logprob"] for alt in entry.get("top_logprobs") or ()}
+        alternatives: dict[str, float | None] = {}
+        for alt in entry.get("top_logprobs") or ():  # most likely first: two ids decoding alike keep the best
+            alternatives.setdefault(alt["token"], alt["logprob"])
         alternatives.setdefault(token, entry["logprob"])
         top.append(alternatives)
         offsets.append(offset)
