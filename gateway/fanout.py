@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
 from gateway.profile import ModelProfile
@@ -81,7 +82,7 @@ class FanOutSession:
             await part.close()
 
 
-async def _cancel(tasks: list[asyncio.Future]) -> None:
+async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
