@@ -7,7 +7,7 @@ MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
 GATEWAY_PORT ?= 8080
 export SIE_MODEL_CACHE
 
-.PHONY: serve test test-unit test-integration test-e2e install model bench loadtest soak lint clean
+.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer loadtest soak lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ test-integration: install
 test-e2e: model
 	$(PY) -m pytest -q tests/e2e
 
+# The NGC image's Python: engine pins have cp310 wheels, the engine compiles, its torch-free unit tests pass
+test-py310: install
+	.ci/py310
+
 # MKL_INTEL=1: force MKL's Intel kernels on AMD (devstack/mkl.py), for the engine bench and the served stack
 MKL_INTEL ?= 0
 BENCH_PRELOAD = $(if $(filter 1,$(MKL_INTEL)),LD_PRELOAD=$$($(PY) -m devstack.mkl),)
@@ -56,6 +60,12 @@ export SIE_MKL_INTEL_KERNELS = $(MKL_INTEL)
 bench: model  ## engine and gateway benchmarks (ratios measured side by side)
 	$(BENCH_PRELOAD) $(PY) -m bench.engine
 	$(PY) -m bench.gateway
+
+# vLLM's CPU build side by side (issue 13): its own venv under .cache/vllm-peer (never a project dependency);
+# minutes, not run by CI. One server at a time.
+bench-peer: model  ## our stack against vLLM's CPU build, same model, same openai-SDK client
+	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
+	$(PY) -m bench.peer
 
 LOADTEST_USERS ?= 8
 LOADTEST_DURATION ?= 60s
