@@ -1,0 +1,259 @@
+"""gateway/triton/codec.py and client.py: request encoding, response decoding, error parsing and every mapping from
+what Triton sends to what the gateway raises. Encodings are checked against tritonclient's own (de)serializers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+import numpy as np
+import orjson
+import pytest
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
+
+from engine.error_codes import ERROR_CODES
+from engine.sampling_params import SamplingParams
+from gateway.domain import GenerationRequest, GrammarSpec, ImageInput
+from gateway.errors import GatewayError, MalformedWorkerResponse
+from gateway.triton import client as client_mod
+from gateway.triton.client import TritonClient, UpstreamUnavailable
+from gateway.triton.codec import MalformedResponse, decode_response, encode_request, parse_error_message
+
+
+def _req(**kw: Any) -> GenerationRequest:
+    base: dict[str, Any] = {"model": "m", "max_tokens": 8, "max_tokens_param": "max_tokens", "prompt": "Hi"}
+    return GenerationRequest(**{**base, **kw})
+
+
+def _inputs(request: service_pb2.ModelInferRequest) -> dict[str, tuple[str, list[int], bytes]]:
+    return {t.name: (t.datatype, list(t.shape), raw)
+            for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)}
+
+
+def _triton_bytes(item: bytes) -> bytes:
+    return serialize_byte_tensor(np.array([item], dtype=np.object_)).item()
+
+
+def _bytes_items(raw: bytes) -> list[bytes]:
+    return [bytes(x) for x in deserialize_bytes_tensor(raw)]
+
+
+# -- encode ----------------------------------------------------------------------------------------------------
+
+def test_encode_prompt_request():
+    request = encode_request("tm", _req(stream=True), "rid-1")
+    assert (request.model_name, request.id) == ("tm", "rid-1")
+    inputs = _inputs(request)
+    assert set(inputs) == {"text_input", "sampling_parameters", "stream"}
+    dtype, shape, raw = inputs["text_input"]
+    assert (dtype, shape, _bytes_items(raw)) == ("BYTES", [1], [b"Hi"])
+    assert inputs["stream"] == ("BOOL", [1], b"\x01")
+    assert json.loads(_bytes_items(inputs["sampling_parameters"][2])[0]) == {"max_tokens": 8, "n": 1}
+    # the same bytes tritonclient would put on the wire
+    assert raw == _triton_bytes(b"Hi")
+
+
+def test_encode_messages_images_and_blocking():
+    messages = ({"role": "user", "content": "héllo"},)
+    images = (ImageInput(b"\x89PNG-one", "png"), ImageInput(b"\xff\xd8-two", "jpeg"))
+    inputs = _inputs(encode_request("tm", _req(prompt=None, messages=messages, images=images), "r"))
+    assert "text_input" not in inputs
+    assert json.loads(_bytes_items(inputs["messages"][2])[0]) == list(messages)
+    assert inputs["images"][:2] == ("BYTES", [2])
+    assert _bytes_items(inputs["images"][2]) == [b"\x89PNG-one", b"\xff\xd8-two"]
+    assert inputs["stream"][2] == b"\x00"
+
+
+def test_every_sampling_parameter_the_gateway_sends_is_accepted_by_the_engine():
+    """Both sides of the contract: what encode_request writes, SamplingParams.from_dict reads without error."""
+    req = _req(
+        temperature=0.5, top_p=0.9, top_k=5, min_tokens=1, repetition_penalty=1.1, presence_penalty=0.5,
+        frequency_penalty=-0.5, logit_bias={5: 1.5}, seed=-(2**63), stop=("END",), logprobs=True, top_logprobs=3,
+        n=2, best_of=3, lora_adapter="pirate", ignore_eos=True,
+        grammar=GrammarSpec("regex", "a+", "lbl", True), tools=({"type": "function", "function": {"name": "f"}},),
+        tool_choice="auto", parallel_tool_calls=False, chat_template_kwargs={"enable_thinking": False},
+        include_reasoning=True,
+    )
+    raw = _bytes_items(_inputs(encode_request("tm", req, "r"))["sampling_parameters"][2])[0]
+    sent = orjson.loads(raw)
+    params = SamplingParams.from_dict(sent)
+    assert (params.seed, params.logit_bias, params.best_of, params.stop) == (-(2**63), {5: 1.5}, 3, ["END"])
+    assert params.grammar is not None and (params.grammar.kind, params.grammar.strict) == ("regex", True)
+
+
+# -- decode ----------------------------------------------------------------------------------------------------
+
+def _response(**overrides: Any) -> service_pb2.ModelInferResponse:
+    values: dict[str, Any] = {
+        "text_output": ("BYTES", "ab"), "index": ("INT32", 1), "finish_reason": ("BYTES", "stop"),
+        "prompt_tokens": ("INT32", 5), "completion_tokens": ("INT32", 3),
+        "logprobs": ("BYTES", '[{"token": "a", "logprob": -0.1}]'), "is_final": ("BOOL", True),
+        "extras": ("BYTES", '{"tool_calls": [{"id": "c"}], "reasoning_content": "r", "stop_reason": "END", '
+                            '"ttft_ms": 1.5, "tpot_ms": 2.5}'),
+    }
+    values.update(overrides)
+    response = service_pb2.ModelInferResponse(model_name="tm")
+    for name, spec in values.items():
+        if spec is None:
+            continue
+        dtype, value = spec
+        out = response.outputs.add()
+        out.name, out.datatype = name, dtype
+        out.shape.append(1)
+        if dtype == "BYTES":
+            raw = value if isinstance(value, bytes) else _triton_bytes(value.encode())
+        elif dtype == "INT32":
+            raw = np.array([value], dtype=np.int32).tobytes()
+        else:
+            raw = np.array([value], dtype=np.bool_).tobytes()
+        response.raw_output_contents.append(raw)
+    return response
+
+
+def test_decode_every_field():
+    event, final = decode_response(_response())
+    assert final is True
+    assert (event.index, event.text, event.finish_reason) == (1, "ab", "stop")
+    assert (event.prompt_tokens, event.completion_tokens) == (5, 3)
+    assert event.logprobs == [{"token": "a", "logprob": -0.1}]
+    assert (event.tool_calls, event.reasoning, event.stop_reason) == ([{"id": "c"}], "r", "END")
+    assert (event.ttft_ms, event.tpot_ms) == (1.5, 2.5)
+
+
+def test_decode_running_delta():
+    event, final = decode_response(_response(finish_reason=("BYTES", ""), logprobs=("BYTES", ""),
+                                             extras=("BYTES", ""), is_final=("BOOL", False)))
+    assert final is False
+    assert (event.finish_reason, event.logprobs, event.tool_calls) == (None, None, None)
+
+
+def test_decode_ignores_extra_outputs():
+    """The vLLM-backend outputs (num_output_tokens ...) may ride along; the gateway reads only its own."""
+    event, _ = decode_response(_response(num_output_tokens=("INT32", 2)))
+    assert event.text == "ab"
+
+
+@pytest.mark.parametrize("broken", [
+    {"text_output": None},
+    {"is_final": None},
+    {"index": ("BYTES", "one")},
+    {"text_output": ("BYTES", b"\x02\x00")},  # shorter than its length prefix
+    {"text_output": ("BYTES", b"\x02\x00\x00\x00\xff\xfe")},  # not UTF-8
+    {"extras": ("BYTES", "[1, 2]")},
+    {"extras": ("BYTES", "{nope")},
+    {"logprobs": ("BYTES", "{nope")},
+])
+def test_decode_contract_violations(broken):
+    with pytest.raises(MalformedResponse):
+        decode_response(_response(**broken))
+
+
+# -- errors ----------------------------------------------------------------------------------------------------
+
+def test_parse_error_message():
+    body = json.dumps({"code": "QUEUE_FULL", "param": None, "message": "engine queue is full"})
+    assert parse_error_message(body) == ("QUEUE_FULL", "engine queue is full", None)
+    # Triton may put its own words before the model's JSON
+    assert parse_error_message("in model 'x': " + json.dumps({"code": "invalid_request", "param": "seed",
+                                                                 "message": "m"})) == ("invalid_request", "m", "seed")
+    for opaque in ("Traceback (most recent call last): boom", "{not json", '{"message": "no code"}', "[1]"):
+        assert parse_error_message(opaque) == ("inference_error", "the model failed to process the request", None)
+
+
+class _Call:
+    """A fake `ModelStreamInfer` call: yields scripted responses, or raises an AioRpcError."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self._gen()
+
+    async def _gen(self):
+        for item in self.items:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Stub:
+    def __init__(self, items: list[Any]) -> None:
+        self.call = _Call(items)
+
+    def ModelStreamInfer(self, requests):  # the gRPC method's name
+        return self.call
+
+
+def _client(items: list[Any]) -> tuple[TritonClient, _Stub]:
+    client = TritonClient("fake:1")
+    stub = _Stub(items)
+    client._stub = stub  # type: ignore[assignment]
+    return client, stub
+
+
+async def _collect(client: TritonClient) -> list[Any]:
+    return [event async for event in client.generate("tm", _req(), "rid")]
+
+
+def _rpc(status: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(status, grpc.aio.Metadata(), grpc.aio.Metadata(), details="x")
+
+
+def _stream_response(**kw: Any) -> service_pb2.ModelStreamInferResponse:
+    return service_pb2.ModelStreamInferResponse(**kw)
+
+
+async def test_generate_yields_until_final_and_cancels_the_call():
+    running = _response(is_final=("BOOL", False), finish_reason=("BYTES", ""))
+    client, stub = _client([_stream_response(infer_response=running),
+                            _stream_response(infer_response=_response()),
+                            _stream_response(infer_response=_response(text_output=("BYTES", "never read")))])
+    events = await _collect(client)
+    assert [e.text for e in events] == ["ab", "ab"]
+    assert stub.call.cancelled  # always cancelled at the end: a no-op when complete
+
+
+@pytest.mark.parametrize("code", sorted(ERROR_CODES) + ["kaboom"])
+async def test_model_errors_map_through_the_table(code):
+    message = json.dumps({"code": code, "param": "p", "message": "said no"})
+    client, _ = _client([_stream_response(error_message=message)])
+    with pytest.raises(GatewayError) as caught:
+        await _collect(client)
+    entry = ERROR_CODES.get(code)
+    assert caught.value.status == (entry.http if entry else 500)
+    assert caught.value.code == (code if entry else "inference_error")
+    assert caught.value.message == "said no"
+
+
+async def test_malformed_response_and_early_end():
+    client, _ = _client([_stream_response(infer_response=_response(index=None))])
+    with pytest.raises(MalformedWorkerResponse):
+        await _collect(client)
+    client, _ = _client([_stream_response(infer_response=_response(is_final=("BOOL", False)))])
+    with pytest.raises(UpstreamUnavailable) as caught:
+        await _collect(client)
+    assert (caught.value.status, caught.value.code) == (503, "transport_failure")
+
+
+@pytest.mark.parametrize("status", [s for s in grpc.StatusCode if s not in (grpc.StatusCode.OK,)])
+async def test_every_grpc_status_of_the_call(status):
+    """gRPC CANCELLED (Triton cancelled the request) surfaces as a cancellation; every other failure of the call
+    itself is a retryable 503 transport_failure."""
+    client, _ = _client([_rpc(status)])
+    if status == grpc.StatusCode.CANCELLED:
+        with pytest.raises(asyncio.CancelledError):
+            await _collect(client)
+        return
+    with pytest.raises(UpstreamUnavailable) as caught:
+        await _collect(client)
+    err = caught.value
+    assert (err.status, err.code, err.retry_after) == (503, "transport_failure", 5)
+    assert status.name.lower() in err.message
+    assert client_mod._rpc_error(_rpc(status)).__class__ is UpstreamUnavailable
