@@ -96,16 +96,45 @@ def test_tritonserver_killed_mid_stream_then_back(stub):
     assert httpx.get(stub.url + "/readyz", timeout=10).status_code == 200
 
 
+def _request_lines(text: str) -> dict[str, dict]:
+    """The gateway's JSON access lines ("msg": "request"), by request id."""
+    lines = {}
+    for raw in text.splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("msg") == "request":
+            lines[entry.get("request_id")] = entry
+    return lines
+
+
 def test_logs_never_carry_prompts_or_secrets(stub):
-    httpx.post(f"{stub.url}/v1/chat/completions", headers=stub.headers, timeout=30, json={
-        "model": "sie-test/stub-tokens", "max_tokens": 2, "user": SECRET_USER, "safety_identifier": SECRET_SAFETY,
-        "messages": [{"role": "user", "content": SECRET_PROMPT}]})
-    httpx.post(f"{stub.url}/v1/chat/completions", headers={"Authorization": "Bearer wrong-" + TOKEN}, timeout=30,
-               json={"model": "x", "messages": [{"role": "user", "content": SECRET_PROMPT}]})
-    _generate(stub, 2, False, prompt=SECRET_PROMPT, safety_identifier=SECRET_SAFETY)
-    time.sleep(0.5)
+    responses = [
+        httpx.post(f"{stub.url}/v1/chat/completions", headers=stub.headers, timeout=30, json={
+            "model": "sie-test/stub-tokens", "max_tokens": 2, "user": SECRET_USER, "safety_identifier": SECRET_SAFETY,
+            "messages": [{"role": "user", "content": SECRET_PROMPT}]}),
+        httpx.post(f"{stub.url}/v1/chat/completions", headers={"Authorization": "Bearer wrong-" + TOKEN}, timeout=30,
+                   json={"model": "x", "messages": [{"role": "user", "content": SECRET_PROMPT}]}),
+        _generate(stub, 2, False, prompt=SECRET_PROMPT, safety_identifier=SECRET_SAFETY),
+    ]
+    assert [r.status_code for r in responses] == [200, 401, 200]
+    # first prove the log is written, per request, and with which fields: absences prove nothing otherwise
+    deadline = time.monotonic() + 5
+    ids = [r.headers["X-SIE-Request-ID"] for r in responses]
+    while True:
+        logged = _request_lines((stub.logs / "gateway.log").read_text(errors="replace"))
+        if all(i in logged for i in ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for response, request_id, route in zip(responses, ids, ("chat", "chat", "generate"), strict=True):
+        entry = logged.get(request_id)
+        assert entry is not None, f"no request line for {request_id}"
+        assert set(entry) == {"ts", "level", "logger", "msg", "request_id", "route", "status", "model", "ms"}
+        assert (entry["route"], entry["status"]) == (route, response.status_code)
     for name in ("gateway.log", "triton.log"):
         text = (stub.logs / name).read_text(errors="replace")
+        assert text.strip(), f"{name} is empty"
         for secret in (SECRET_PROMPT, SECRET_USER, SECRET_SAFETY, TOKEN):
             assert secret not in text, f"{secret} leaked into {name}"
 

@@ -292,3 +292,18 @@ def raw_call(app: Any, path: str, body: dict[str, Any], headers: dict[str, str] 
         await app(scope, receive, send)
 
     return exchange, run
+
+
+# -- Prometheus samples ---------------------------------------------------------------------------
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`, in a /metrics body (0 when absent).
+    The registry is process-wide, so tests compare a value before and after their own requests."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{key}="{want}"' in head for key, want in labels.items()):
+            total += float(value)
+    return total

@@ -22,6 +22,7 @@ from tests.integration.conftest import (
     assert_sie_headers,
     data_events,
     ev,
+    metric_value,
     parse_sse,
     raw_call,
     tokens,
@@ -349,13 +350,16 @@ async def test_auth_applies(make_gateway):
 
 
 async def test_metrics_and_openapi(gw):
+    def counts(text: str) -> tuple[float, float]:
+        return (metric_value(text, "sie_gateway_requests_total", route="completions", status="200"),
+                metric_value(text, "sie_gateway_ttft_seconds_count", route="completions"))
+
+    before = counts((await gw.client.get("/metrics")).text)
     await complete(gw)
     await complete(gw, stream=True)
-    metrics = (await gw.client.get("/metrics")).text.splitlines()
-    assert any(line.startswith("sie_gateway_requests_total{") and 'route="completions"' in line
-               and 'status="200"' in line for line in metrics)
-    assert any(line.startswith("sie_gateway_ttft_seconds_count{") and 'route="completions"' in line
-               for line in metrics)
+    after = counts((await gw.client.get("/metrics")).text)
+    # deltas: the counters are process-wide and earlier tests have already moved them
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 2)
     doc = (await gw.client.get("/openapi.json")).json()
     op = doc["paths"]["/v1/completions"]["post"]
     assert op["requestBody"]["content"]["application/json"]["schema"] == {

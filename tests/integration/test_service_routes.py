@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.integration.conftest import MAX_OUTPUT, MODEL, SIE_MODEL, assert_error, assert_sie_headers
+from tests.integration.conftest import MAX_OUTPUT, MODEL, SIE_MODEL, assert_error, assert_sie_headers, metric_value
 
 
 def big_chat_body(size: int) -> bytes:
@@ -115,16 +115,21 @@ async def test_openapi_has_both_contracts(gw):
 
 
 async def test_metrics_count_requests(gw):
+    async def read() -> tuple[float, float, float]:
+        resp = await gw.client.get("/metrics")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/plain")
+        return (metric_value(resp.text, "sie_gateway_requests_total", route="chat", status="200"),
+                metric_value(resp.text, "sie_gateway_requests_total", route="generate", status="404"),
+                metric_value(resp.text, "sie_gateway_request_latency_seconds_count", route="chat"))
+
+    before = await read()
+    await gw.chat()
     await gw.chat()
     await gw.generate(model="acme__Missing")
-    resp = await gw.client.get("/metrics")
-    assert resp.status_code == 200
-    assert resp.headers["content-type"].startswith("text/plain")
-    lines = resp.text.splitlines()
-    assert any(line.startswith("sie_gateway_requests_total{") and 'route="chat"' in line and 'status="200"' in line
-               for line in lines)
-    assert any(line.startswith("sie_gateway_requests_total{") and 'route="generate"' in line
-               and 'status="404"' in line for line in lines)
+    after = await read()
+    # deltas: the counters are process-wide and earlier tests have already moved them
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 1, 2]
 
 
 async def test_sie_headers_on_every_kind_of_response(gw):
