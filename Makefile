@@ -77,8 +77,10 @@ loadtest: install  ## headless locust against the running local stack (start `ma
 soak: model  ## 64 streaming users for 5 minutes against a fresh local stack, with RSS sampling
 	PYTHONPATH=. $(PY) scripts/soak.py --users 64 --duration 5m
 
-lint: install
-	$(VENV)/bin/ruff check gateway engine devstack tests bench
+LINT_PATHS := gateway engine devstack tests bench scripts loadtest model_repository docker .ci
+lint: install  ## ruff on every folder, mypy on the shipped code (pyproject [tool.mypy])
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf build loadtest/results bench/results

@@ -18,7 +18,8 @@ class ReasoningSplitter:
     def feed(self, text: str) -> tuple[str, str]:
         """New released text -> (reasoning delta, content delta)."""
         self.pending += text
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         while True:
             tag = CLOSE if self.inside else OPEN
             index = self.pending.find(tag)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 
 class EngineMetrics:
@@ -12,7 +13,7 @@ class EngineMetrics:
         labels = {"model": model_name}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
 
-        self._families = []  # a family must outlive its metrics
+        self._families: list[Any] = []  # a family must outlive its metrics
 
         def metric(name: str, doc: str, kind):
             family = pb_utils.MetricFamily(name=name, description=doc, kind=kind)

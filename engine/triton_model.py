@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ class TritonPythonModel:
         self.defaults = json.loads(p.get("default_sampling") or "{}")
         # operator template settings win over the request's on conflict (e.g. enable_thinking)
         self.template_kwargs = json.loads(p.get("chat_template_kwargs") or "{}")
-        self.outbox: queue.SimpleQueue[tuple[Any, RequestOutput] | None] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[tuple[Reply, RequestOutput] | None] = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
         self.sender.start()
         self.metrics = EngineMetrics(pb_utils, self.engine, config["name"])
@@ -136,12 +137,15 @@ class TritonPythonModel:
             prompt_ids=prompt_ids,
             prompt_embeds=embeds,
             params=params,
-            on_output=lambda out, r=reply: self.outbox.put((r, out)),
+            on_output=partial(self._enqueue, reply),
             stream=_input_bool(request, "stream"),
             is_cancelled=request.is_cancelled,
             grammar=self.engine.grammar_factory(params),
             prompt_param="messages" if messages is not None else "prompt",
         )
+
+    def _enqueue(self, reply: Reply, out: RequestOutput) -> None:
+        self.outbox.put((reply, out))
 
     def _send_loop(self) -> None:
         while True:
@@ -172,7 +176,7 @@ class TritonPythonModel:
 
     @staticmethod
     def _response(out: RequestOutput, reply: Reply):
-        extras = {}
+        extras: dict[str, Any] = {}
         if out.tool_calls:
             extras["tool_calls"] = out.tool_calls
         if out.reasoning:
