@@ -57,6 +57,11 @@ def per_prompt(req) -> list[Any]:
     return out
 
 
+def sampling(req) -> dict[str, Any]:
+    """The sampling_parameters the engine gets, without the keys that only say which field set the cap."""
+    return {k: v for k, v in req.sampling_parameters().items() if k not in ("max_tokens_param", "clamp_max_tokens")}
+
+
 def single(chunk: dict[str, Any]) -> dict[str, Any]:
     (only,) = chunk["choices"]
     return only
@@ -94,7 +99,7 @@ async def test_sampling_fields_reach_the_engine_and_user_does_not(gw):
                           stop=["\n"], logit_bias={"42": -100}, user="alice@example.com", ignore_eos=True,
                           lora_adapter="sql")
     assert resp.status_code == 200, resp.text
-    params = gw.calls[0].req.sampling_parameters()
+    params = sampling(gw.calls[0].req)
     assert params == {
         "max_tokens": 40, "n": 1, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_tokens": 3,
         "repetition_penalty": 1.1, "presence_penalty": 0.2, "frequency_penalty": -0.2, "seed": 7,
@@ -287,7 +292,7 @@ async def test_explicit_nulls_mean_absent(gw):
                                "repetition_penalty", "lora_adapter", "ignore_eos")}
     resp = await complete(gw, **nulls)
     assert resp.status_code == 200, resp.text
-    assert gw.calls[0].req.sampling_parameters() == {"max_tokens": 16, "n": 1}
+    assert sampling(gw.calls[0].req) == {"max_tokens": 16, "n": 1}
 
 
 # -- errors ---------------------------------------------------------------------------------------
