@@ -247,9 +247,9 @@ def profile_decode_step(bench: Bench, batch: int, steps: int = 20) -> dict:
     eng.stop()  # the loop must not touch the cache while we drive the forward directly
     fwd, sampler = eng.forward, eng.sampler
     for slot in range(batch):
-        fwd.prefill(slot, torch.tensor(bench.prompts[slot % len(bench.prompts)]), 0)
-    positions = torch.tensor([len(bench.prompts[s % len(bench.prompts)]) for s in range(batch)])
-    tokens = torch.full((batch,), 28)
+        fwd.prefill(slot, bench.prompts[slot % len(bench.prompts)], 0)
+    positions = [len(bench.prompts[s % len(bench.prompts)]) for s in range(batch)]
+    tokens = [28] * batch
 
     class Row:
         def __init__(self, params):
@@ -266,9 +266,9 @@ def profile_decode_step(bench: Bench, batch: int, steps: int = 20) -> dict:
     rows_feat = [Row(features_params(i)) for i in range(batch)]
     fwd_t, smp_t, feat_t = [], [], []
     for step in range(steps):
-        pos = positions + step
+        pos = [p + step for p in positions]
         t0 = time.perf_counter()
-        logits = fwd.decode(tokens, pos, int(pos.max()) + 1)
+        logits = fwd.decode(tokens, pos)
         t1 = time.perf_counter()
         sampler.sample(logits.clone(), rows_plain)
         t2 = time.perf_counter()

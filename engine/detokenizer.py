@@ -9,13 +9,16 @@ from __future__ import annotations
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str]) -> None:
+    def __init__(self, tokenizer, stop: list[str], context: list[int] | None = None) -> None:
+        """`context`: the prompt's last few ids. Decoding the first new token after them keeps what
+        a decoder strips at the start of a text (the leading space of SentencePiece/Metaspace tokens),
+        as vLLM's incremental detokenizer does."""
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.max_stop = max((len(s) for s in self.stop), default=0)
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = list(context or [])
         self.prefix_offset = 0
-        self.read_offset = 0
+        self.read_offset = len(self.token_ids)
         self.pending = ""  # decoded but not yet released (could begin a stop string)
         self.matched_stop: str | None = None
 

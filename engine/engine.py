@@ -16,13 +16,14 @@ from engine.errors import EngineError, QueueFull
 from engine.forward import DecoderForward
 from engine.grammar import GrammarCompilerCache
 from engine.lora import load_adapters
+from engine.model_loading import load_model
 from engine.postprocess import OutputPostprocessor
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import EngineRequest, RequestOutput
 from engine.tool_grammar import forced_tool_grammar
-from engine.vision import VisionPrompter, load_model
+from engine.vision import VisionPrompter
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import KVCache
+from engine.linear_kernels import choose_kind, linear, pack
 from engine.lora import AdapterTable, LoraBatch
-from engine.vision import language_model
+from engine.model_loading import language_model
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -44,11 +45,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _fuse_linears(linears: list[torch.nn.Module], name: str = "weight") -> torch.Tensor:
+    """One fused tensor of the linears' `name` parameters (stacked on the output axis). The HF modules
+    are re-pointed at views of it, so the unfused copies are freed, not kept beside the fused one,
+    while the HF model (reference outputs, peft, the vision tower) still works."""
+    fused = torch.cat([getattr(m, name).detach() for m in linears]).contiguous()
+    offset = 0
+    for m in linears:
+        size = getattr(m, name).shape[0]
+        setattr(m, name, torch.nn.Parameter(fused[offset : offset + size], requires_grad=False))
+        offset += size
+    return fused
+
+
 class DecoderForward:
     """Prefill and batched decode over a static KV cache; rows are KV cache slots."""
 
     def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
-        config, inner, arch = language_model(hf_model)  # a VLM's language model (engine.vision)
+        config, inner, arch = language_model(hf_model)  # a VLM's language model too
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {arch} is not supported by engine.forward")
         self.config = config
@@ -63,6 +77,10 @@ class DecoderForward:
         self.final_norm = inner.norm.weight.detach()
         self.lm_head = hf_model.lm_head.weight.detach()
         self.layers = [self._fuse(layer) for layer in inner.layers]
+        # GEMM path by ISA and a quick measurement at load (engine.linear_kernels); weights prepacked if oneDNN
+        self.linear_kind = "torch"
+        first = self.layers[0]
+        self.set_linear_kind(choose_kind(self.device, [first.qkv, first.o_proj, first.gate_up, first.down]))
         self.cache = KVCache(
             len(self.layers), max_slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device
         )
@@ -71,13 +89,20 @@ class DecoderForward:
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.mlp_splits = [config.intermediate_size, config.intermediate_size]
 
+    def set_linear_kind(self, kind: str) -> None:
+        """Lay the linear weights out for `kind` ("dnnl": prepacked for oneDNN; otherwise dense)."""
+        for w in self.layers:
+            w.qkv, w.o_proj, w.gate_up, w.down = (pack(t, kind) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
+        self.lm_head = pack(self.lm_head, kind)
+        self.linear_kind = kind
+
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach().contiguous()
+        qkv = _fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         bias = None
         if attn.q_proj.bias is not None:
-            bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+            bias = _fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj], "bias")
         q_norm = getattr(attn, "q_norm", None)
         k_norm = getattr(attn, "k_norm", None)
         return LayerWeights(
@@ -88,7 +113,7 @@ class DecoderForward:
             k_norm=k_norm.weight.detach() if k_norm is not None else None,
             o_proj=attn.o_proj.weight.detach(),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().contiguous(),
+            gate_up=_fuse_linears([mlp.gate_proj, mlp.up_proj]),
             down=mlp.down_proj.weight.detach(),
         )
 
@@ -107,7 +132,7 @@ class DecoderForward:
 
     def _qkv(self, w: LayerWeights, h: torch.Tensor, positions: torch.Tensor, lora: LoraBatch | None, layer: int):
         """h: [N, hidden]; positions: [N] -> q [N, H, D], k/v [N, Hkv, D] with RoPE applied."""
-        x = F.linear(h, w.qkv, w.qkv_bias)
+        x = linear(h, w.qkv, w.qkv_bias)
         if lora:
             x = lora.add(layer, "qkv", h, x, self.qkv_splits)
         d = self.head_dim
@@ -125,31 +150,32 @@ class DecoderForward:
         return q, k, v
 
     def _o_proj(self, w: LayerWeights, attn: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
-        out = F.linear(attn, w.o_proj)
+        out = linear(attn, w.o_proj)
         return lora.add(layer, "o_proj", attn, out, [out.shape[-1]]) if lora else out
 
     def _mlp(self, w: LayerWeights, h: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
         x = _rms_norm(h, w.post_norm, self.eps)
-        gate_up = F.linear(x, w.gate_up)
+        gate_up = linear(x, w.gate_up)
         if lora:
             gate_up = lora.add(layer, "gate_up", x, gate_up, self.mlp_splits)
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.silu(gate) * up
-        out = F.linear(act, w.down)
+        out = linear(act, w.down)
         return lora.add(layer, "down", act, out, [out.shape[-1]]) if lora else out
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(_rms_norm(h, self.final_norm, self.eps), self.lm_head).float()
+        return linear(_rms_norm(h, self.final_norm, self.eps), self.lm_head).float()
 
     @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: torch.Tensor, start: int, adapter: str | None = None,
+    def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Run `token_ids` ([T]) for one slot from position `start`; returns logits of the last token [V]."""
-        n = token_ids.shape[0]
+        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+        n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
-        h = self.embed[token_ids] if embeds is None else embeds
-        lora = LoraBatch(self.adapters, [adapter]) if adapter else None
+        h = self.embed[torch.tensor(token_ids, device=self.device)] if embeds is None else embeds.to(self.device)
+        # every token of the chunk runs on the adapter
+        lora = LoraBatch(self.adapters, [adapter] * n, self.device) if adapter else None
         # causal over the chunk, full over the cached prefix
         mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
         kc, vc = self.cache.k, self.cache.v
@@ -176,18 +202,20 @@ class DecoderForward:
         ever attends to it, so they are never read.
         """
         k, longest = len(prompts), max(len(p) for p in prompts)
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        ids = torch.zeros(k, longest, dtype=torch.long, device=self.device)
+        # one host->device copy of the padded ids, the lengths and the slots
+        host = torch.zeros(k, longest + 2, dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = torch.tensor(prompt, device=self.device)
+            host[row, : len(prompt)] = torch.tensor(prompt)
+            host[row, longest], host[row, longest + 1] = len(prompt), slots[row]
+        host = host.to(self.device)
+        ids, lengths, slot_index = host[:, :longest], host[:, longest], host[:, longest + 1]
         positions = torch.arange(longest, device=self.device).repeat(k)
-        h = self.embed[ids.view(-1)]
+        h = self.embed[ids.reshape(-1)]
         row_adapters = [a for a in adapters for _ in range(longest)]
-        lora = LoraBatch(self.adapters, row_adapters) if any(adapters) else None
+        lora = LoraBatch(self.adapters, row_adapters, self.device) if any(adapters) else None
         causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
         keys = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
         mask = (causal[None] & keys[:, None, :])[:, None]  # [k, 1, T, T]
-        slot_index = torch.tensor(slots, device=self.device)
         kc, vc = self.cache.k, self.cache.v
         for i, w in enumerate(self.layers):
             q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
@@ -203,20 +231,24 @@ class DecoderForward:
         return self._logits(last)
 
     @torch.inference_mode()
-    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, span: int,
-               lora: LoraBatch | None = None) -> torch.Tensor:
-        """One step for slots 0..B-1: token_ids/positions [B]; `span` = max(positions)+1. Returns [B, V]."""
-        b = token_ids.shape[0]
+    def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None
+               ) -> torch.Tensor:
+        """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
+        b = len(token_ids)
+        span = max(positions) + 1
+        inputs = torch.tensor([token_ids, positions], device=self.device)  # one host->device copy
+        token_tensor, positions_t = inputs[0], inputs[1]
+        lora = LoraBatch(self.adapters, adapters, self.device) if adapters and any(adapters) else None
         rows = torch.arange(b, device=self.device)
-        h = self.embed[token_ids]
+        h = self.embed[token_tensor]
         group = self.n_heads // self.n_kv
         # [B, 1, 1, span]: each row attends to its own filled prefix only
-        mask = (torch.arange(span, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
+        mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :]
         kc, vc = self.cache.k, self.cache.v
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
-            kc[i, rows, :, positions] = k
-            vc[i, rows, :, positions] = v
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions_t, lora, i)
+            kc[i, rows, :, positions_t] = k
+            vc[i, rows, :, positions_t] = v
             # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
             attn = F.scaled_dot_product_attention(
                 q.view(b, self.n_kv, group, self.head_dim),

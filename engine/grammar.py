@@ -27,11 +27,15 @@ class GrammarState:
 
     def apply_mask(self, logits_row: torch.Tensor) -> None:
         self.matcher.fill_next_token_bitmask(self.bitmask)
-        xgr.apply_token_bitmask_inplace(logits_row.view(1, -1), self.bitmask, vocab_size=self.vocab_size)
+        bitmask = self.bitmask if logits_row.device.type == "cpu" else self.bitmask.to(logits_row.device,
+                                                                                        non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits_row.view(1, -1), bitmask, vocab_size=self.vocab_size)
 
-    def accept(self, token: int) -> None:
-        if not self.matcher.is_terminated():
-            self.matcher.accept_token(token)
+    def accept(self, token: int) -> bool:
+        """Advance the matcher; False when the grammar rejects the token (it must not be appended)."""
+        if self.matcher.is_terminated():
+            return True
+        return bool(self.matcher.accept_token(token))
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()

@@ -1,6 +1,6 @@
 """Static KV buffers, one row ("slot") per running sequence.
 
-Allocated once with `torch.empty`, so memory pages are only committed as positions are written.
+Allocated once; on the host, memory pages are only committed as positions are written.
 Running sequences are kept in slots 0..B-1 so a decode step reads plain views, no gathers.
 """
 
@@ -12,8 +12,12 @@ import torch
 class KVCache:
     def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
         shape = (layers, slots, kv_heads, max_len, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        # Masked positions still enter attention as 0 x value, and 0 x NaN is NaN: the cache must never
+        # hold stale NaNs. A large host allocation is fresh zeroed pages (committed lazily, as written);
+        # device memory is reused, so it is zeroed explicitly.
+        alloc = torch.empty if torch.device(device).type == "cpu" else torch.zeros
+        self.k = alloc(shape, dtype=dtype, device=device)
+        self.v = alloc(shape, dtype=dtype, device=device)
         self.slots = slots
         self.max_len = max_len
 

@@ -41,6 +41,7 @@ def load_adapters(hf_model: torch.nn.Module, paths: dict[str, str]) -> AdapterTa
     for name in names[1:]:
         peft_model.load_adapter(paths[name], adapter_name=name)
     layers = peft_model.base_model.model.model.layers
+    base = next(hf_model.parameters())
     table: AdapterTable = {name: [dict() for _ in layers] for name in names}
     for i, layer in enumerate(layers):
         for owner in (layer.self_attn, layer.mlp):
@@ -50,8 +51,10 @@ def load_adapters(hf_model: torch.nn.Module, paths: dict[str, str]) -> AdapterTa
                     continue
                 for name in names:
                     if name in module.lora_A:
-                        delta = LoraDelta(module.lora_A[name].weight.detach().clone(),
-                                          module.lora_B[name].weight.detach().clone(), float(module.scaling[name]))
+                        # in the model's dtype and on its device (peft may keep adapters in fp32)
+                        a, b = (m[name].weight.detach().to(base.device, base.dtype).clone()
+                                for m in (module.lora_A, module.lora_B))
+                        delta = LoraDelta(a, b, float(module.scaling[name]))
                         table[name][i].setdefault(fused, []).append((index, delta))
     peft_model.unload()  # restore the plain modules; our forward holds its own fused weights
     return table
@@ -60,12 +63,16 @@ def load_adapters(hf_model: torch.nn.Module, paths: dict[str, str]) -> AdapterTa
 class LoraBatch:
     """Which rows of a step use which adapter (rows without one run the base model)."""
 
-    def __init__(self, table: AdapterTable, row_adapters: list[str | None]) -> None:
+    def __init__(self, table: AdapterTable, row_adapters: list[str | None], device: torch.device | str = "cpu") -> None:
         groups: dict[str, list[int]] = {}
         for row, name in enumerate(row_adapters):
             if name is not None:
                 groups.setdefault(name, []).append(row)
-        self.groups = [(torch.tensor(rows), table[name]) for name, rows in groups.items()]
+        self.groups: list[tuple[torch.Tensor | slice, list]] = []
+        for name, rows in groups.items():
+            # every row on one adapter (a single prompt's chunk): a plain slice, no gather/scatter
+            index = slice(None) if len(rows) == len(row_adapters) else torch.tensor(rows, device=device)
+            self.groups.append((index, table[name]))
 
     def __bool__(self) -> bool:
         return bool(self.groups)

@@ -23,6 +23,8 @@ def coalesce(batch: list[tuple[Any, RequestOutput]]) -> list[tuple[Any, RequestO
             if key in open_slots:
                 prev = merged[open_slots[key]][1]
                 prev.text += out.text
+                if out.reasoning:
+                    prev.reasoning = (prev.reasoning or "") + out.reasoning
                 if out.logprobs:
                     prev.logprobs = (prev.logprobs or []) + out.logprobs
                 prev.completion_tokens = out.completion_tokens

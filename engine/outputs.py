@@ -1,45 +1,63 @@
-"""How a candidate's tokens become outputs: text release (stop strings, reasoning split), logprob
-entries, streamed deltas, and the closing of finished candidates (ranked for best_of).
+"""The scheduler's output stage: how a candidate's sampled tokens become outputs.
 
-A mixin of the Scheduler: it uses the scheduler's tokenizer, sampler, stats, postprocess hook and
-`_release` (the KV reservation of a finished request).
+Text release (stop strings, stop token ids, reasoning split), logprob entries, streamed deltas, and
+the closing of finished candidates (ranked for best_of). The Scheduler owns one `OutputStage` and
+calls it after each sampling step; the stage calls back `on_group_done` when a request's last
+candidate has closed, so the scheduler can drop its KV reservation.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+from engine.errors import EngineError
 from engine.sequence import RequestOutput, Sequence, SequenceGroup
 from engine.stats import EngineStats
+from engine.token_text import TokenText
+
+Postprocess = Callable[[Sequence], dict[str, Any]]
 
 
-class CandidateOutputs:
-    tokenizer: Any
-    sampler: Any
-    stats: EngineStats
-    postprocess: Any
+class OutputStage:
+    def __init__(self, tokenizer: Any, eos_ids: frozenset[int], stats: EngineStats,
+                 on_group_done: Callable[[SequenceGroup], None]) -> None:
+        self.token_text = TokenText(tokenizer)
+        self.eos_ids = eos_ids
+        self.stats = stats
+        self.on_group_done = on_group_done
+        self.postprocess: Postprocess | None = None  # hook(seq) -> extra closing fields, set by the engine
 
-    def _release(self, group: SequenceGroup) -> None:  # provided by the Scheduler
-        raise NotImplementedError
-
-    def _advance(self, seq: Sequence, token: int, logprob: float, top) -> None:
-        seq.record_token(token, logprob)
+    def advance(self, seq: Sequence, token: int, logprob: float, top) -> None:
+        """Append one sampled token to the candidate and decide whether it has finished."""
         params = seq.params
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
+        if seq.grammar is not None and not seq.grammar.accept(token):
+            # the sampler only offers tokens the grammar allows; never append one it rejects
+            raise EngineError("inference_error", f"token {token} was rejected by the request's grammar")
+        seq.record_token(token, logprob)
         if params.logprobs:
             seq.unsent_logprobs.append(self._logprob_entry(token, logprob, top))
-        if token in self.sampler.stop_token_set and not params.ignore_eos:
+        if token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif token in self.eos_ids and (not params.ignore_eos or seq.grammar is not None):
+            # ignore_eos never keeps a candidate going that its grammar has ended
             seq.finish_reason = "stop"
         else:
             self._add_text(seq, seq.detok.add_token(token))
-            if seq.detok.matched_stop is not None or seq.grammar is not None and seq.grammar.is_terminated():
+            if seq.detok.matched_stop is not None:
+                seq.finish_reason, seq.stop_reason = "stop", seq.detok.matched_stop
+            elif seq.grammar is not None and seq.grammar.is_terminated():
                 seq.finish_reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens:
                 seq.finish_reason = "length"
         if seq.finished:
             self._add_text(seq, "" if seq.detok.matched_stop is not None else seq.detok.flush(), final=True)
+
+    def end_by_grammar(self, seq: Sequence) -> None:
+        """The candidate's grammar can only end here: close it (finish `stop`) without a token."""
+        seq.finish_reason = "stop"
+        self._add_text(seq, seq.detok.flush(), final=True)
 
     @staticmethod
     def _add_text(seq: Sequence, text: str, final: bool = False) -> None:
@@ -55,13 +73,28 @@ class CandidateOutputs:
         seq.full_text += text
 
     def _logprob_entry(self, token: int, logprob: float, top) -> dict:
-        text = self.tokenizer.decode([token])
+        text = self.token_text(token)
         entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
         if top:
             for tid, lp in top:
-                t = self.tokenizer.decode([tid])
+                t = self.token_text(tid)
                 entry["top_logprobs"].append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))})
         return entry
+
+    def emit_stream_deltas(self, groups: list[SequenceGroup]) -> None:
+        """Send what each running candidate of a streamed request released this step."""
+        for group in groups:
+            if group.sent_final:
+                continue
+            if group.request.stream and not group.buffered:
+                for seq in group.sequences:
+                    if not seq.finished and (seq.text or seq.reasoning or seq.unsent_logprobs):
+                        self._emit_delta(seq)
+            elif not group.progress_sent:
+                # blocking (or best_of-ranked) requests send nothing until a choice closes: one empty
+                # progress output at the first token lets the gateway time the first token, not the whole run
+                group.progress_sent = True
+                group.emit(RequestOutput("", 0, "", completion_tokens=1, progress=True))
 
     def _emit_delta(self, seq: Sequence, **extra) -> None:
         out = RequestOutput(
@@ -78,7 +111,7 @@ class CandidateOutputs:
         seq.unsent_logprobs = []
         seq.group.emit(out)
 
-    def _maybe_finish_group(self, group: SequenceGroup) -> None:
+    def maybe_finish_group(self, group: SequenceGroup) -> None:
         """Close finished candidates (each with its finish_reason); the last closure is final."""
         if group.sent_final:
             return
@@ -93,14 +126,13 @@ class CandidateOutputs:
             closing = [s for s in group.sequences if s.finished and not s.closed]
         for i, seq in enumerate(closing):
             seq.closed = True
-            fields = {"finish_reason": seq.finish_reason, "stop_reason": seq.detok.matched_stop,
-                      **self._timing(group, seq)}
+            fields = {"finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason, **self._timing(group, seq)}
             if self.postprocess is not None:
                 fields.update(self.postprocess(seq))
             self._emit_delta(seq, final=not remaining and i == len(closing) - 1, **fields)
         if not remaining:
             self.stats.finished += 1
-            self._release(group)
+            self.on_group_done(group)
 
     def _timing(self, group: SequenceGroup, seq: Sequence) -> dict[str, float]:
         if group.first_token_at is None:

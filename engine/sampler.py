@@ -1,6 +1,7 @@
 """Vectorised per-row sampler, kept apart from the model forward.
 
-Order per row: logit_bias -> penalties -> min_tokens mask -> grammar mask -> (greedy | temperature,
+Order per row: logit_bias -> penalties -> grammar mask -> stop-token bans (min_tokens, ignore_eos;
+never emptying a row) -> (greedy | temperature,
 top_k, top_p, draw with the row's own generator). Logprobs are reported from the raw model
 distribution (before any processing), as OpenAI-compatible servers do. Each row draws with its
 own `torch.Generator`, so a seeded request samples the same tokens alone or in any batch.
@@ -39,6 +40,7 @@ class SampleOutput:
     tokens: list[int]
     logprobs: list[float]  # raw logprob of each chosen token
     top: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    row_errors: dict[int, Exception] = field(default_factory=dict)  # rows whose own settings failed; drop them
 
 
 class Sampler:
@@ -54,46 +56,81 @@ class Sampler:
         rows: list[SamplerRow],
         grammar_masks: dict[int, GrammarMask] | None = None,
     ) -> SampleOutput:
-        """logits: [B, V] float32 for the B rows (modified in place)."""
+        """logits: [B, V] float32 for the B rows (modified in place), on any device.
+
+        Every tensor is made on the logits' device; the chosen ids and logprobs cross to the host in
+        one transfer (plus one for top logprobs when a row asked for them).
+        """
         vocab = logits.shape[-1]
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        self._apply_bias_and_penalties(logits, rows, vocab)
-        for i, row in enumerate(rows):
-            if len(row.output_ids) < row.params.min_tokens and not row.params.ignore_eos or row.params.ignore_eos:
-                logits[i, self.stop_ids] = float("-inf")
+        row_errors: dict[int, Exception] = {}
+        self._apply_bias_and_penalties(logits, rows, vocab, row_errors)
         for i, apply_mask in (grammar_masks or {}).items():
-            apply_mask(logits[i])
+            try:
+                apply_mask(logits[i])
+            except Exception as exc:  # one request's grammar must not fail the batch
+                row_errors[i] = exc
+        for i in row_errors:
+            logits[i] = 0.0  # a failed row still gets a (discarded) draw; keep it finite
+        self._mask_stop_tokens(logits, rows)
         tokens = self._choose(logits, rows)
         chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0].clamp(min=LOGPROB_FLOOR)
+        ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
         top: list[list[tuple[int, float]] | None] = [None] * len(rows)
         want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
         if want_top:
             k = max(rows[i].params.top_logprobs for i in want_top)
-            values, ids = raw_logprobs[want_top].topk(k, dim=-1)
-            values = values.clamp(min=LOGPROB_FLOOR)
+            values, top_ids = raw_logprobs[want_top].topk(k, dim=-1)
+            values, top_ids = values.clamp(min=LOGPROB_FLOOR).tolist(), top_ids.tolist()
             for j, i in enumerate(want_top):
                 kk = rows[i].params.top_logprobs
-                top[i] = list(zip(ids[j, :kk].tolist(), values[j, :kk].tolist(), strict=True))
-        return SampleOutput(tokens=tokens.tolist(), logprobs=chosen.tolist(), top=top)
+                top[i] = list(zip(top_ids[j][:kk], values[j][:kk], strict=True))
+        return SampleOutput(tokens=[int(t) for t in ids], logprobs=logprobs, top=top, row_errors=row_errors)
 
-    def _apply_bias_and_penalties(self, logits: torch.Tensor, rows: list[SamplerRow], vocab: int) -> None:
+    def _mask_stop_tokens(self, logits: torch.Tensor, rows: list[SamplerRow]) -> None:
+        """min_tokens bans EOS and the request's stop ids until reached; ignore_eos bans EOS. A ban never
+        empties a row: when a grammar allows nothing but the end, the candidate ends (finish `stop`)."""
+        early = [len(r.output_ids) < r.params.min_tokens for r in rows]
+        banned_rows = [i for i, r in enumerate(rows) if early[i] or r.params.ignore_eos]
+        if not banned_rows:
+            return
+        vocab, device = logits.shape[-1], logits.device
+        ban = torch.zeros(len(banned_rows), vocab, dtype=torch.bool)
+        ban[:, self.stop_ids[self.stop_ids < vocab]] = True
+        for j, i in enumerate(banned_rows):
+            extra = [t for t in rows[i].params.stop_token_ids if 0 <= t < vocab] if early[i] else []
+            if extra:
+                ban[j, extra] = True
+        sub = logits[banned_rows]
+        kept = sub.masked_fill(ban.to(device), float("-inf"))
+        logits[banned_rows] = torch.where(torch.isfinite(kept).any(dim=-1, keepdim=True), kept, sub)
+
+    def _apply_bias_and_penalties(self, logits: torch.Tensor, rows: list[SamplerRow], vocab: int,
+                                  row_errors: dict[int, Exception]) -> None:
+        device = logits.device
         for i, row in enumerate(rows):
             p = row.params
             if p.logit_bias:
-                ids = torch.tensor([t for t in p.logit_bias if 0 <= t < vocab], dtype=torch.long)
-                vals = torch.tensor([v for t, v in p.logit_bias.items() if 0 <= t < vocab], dtype=logits.dtype)
-                logits[i].index_add_(0, ids, vals)
+                try:
+                    ids = torch.tensor([t for t in p.logit_bias if 0 <= t < vocab], dtype=torch.long,
+                                       device=device)
+                    vals = torch.tensor([v for t, v in p.logit_bias.items() if 0 <= t < vocab],
+                                        dtype=logits.dtype, device=device)
+                    logits[i].index_add_(0, ids, vals)
+                except Exception as exc:
+                    row_errors[i] = exc
         penalised = [i for i, r in enumerate(rows) if r.params.uses_penalties]
         if not penalised:
             return
         sub = logits[penalised]
-        counts = torch.stack([rows[i].token_counts(vocab) for i in penalised])
-        rep = torch.tensor([rows[i].params.repetition_penalty for i in penalised])[:, None]
-        pres = torch.tensor([rows[i].params.presence_penalty for i in penalised])[:, None]
-        freq = torch.tensor([rows[i].params.frequency_penalty for i in penalised])[:, None]
-        if (rep != 1.0).any():
+        counts = torch.stack([rows[i].token_counts(vocab) for i in penalised]).to(device)
+        settings = torch.tensor([[rows[i].params.repetition_penalty, rows[i].params.presence_penalty,
+                                  rows[i].params.frequency_penalty] for i in penalised],
+                                dtype=logits.dtype, device=device)
+        rep, pres, freq = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
+        if any(rows[i].params.repetition_penalty != 1.0 for i in penalised):
             # HF/vLLM definition: over prompt and output tokens, shrink toward zero
-            seen = torch.stack([rows[i].prompt_mask(vocab) for i in penalised]) | (counts > 0)
+            seen = torch.stack([rows[i].prompt_mask(vocab) for i in penalised]).to(device) | (counts > 0)
             scaled = torch.where(sub > 0, sub / rep, sub * rep)
             sub = torch.where(seen, scaled, sub)
         # OpenAI definition: over generated tokens only
@@ -102,24 +139,31 @@ class Sampler:
 
     def _choose(self, logits: torch.Tensor, rows: list[SamplerRow]) -> torch.Tensor:
         """Greedy rows take the argmax; sampled rows draw by inverse CDF with one uniform from their own
-        generator (a vectorised `searchsorted`, far cheaper than a multinomial per row)."""
+        generator (a vectorised `searchsorted`, far cheaper than a multinomial per row). The uniforms
+        are drawn on the host from each row's own generator, so a seeded row draws the same alone, in
+        any batch and on any device."""
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         if not sampled:
             return tokens
+        device = logits.device
         vocab = logits.shape[-1]
         params = [rows[i].params for i in sampled]
-        sub = logits[sampled] / torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
-        uniform = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
-        top_ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
-        top_ps = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-        uses_top_p = bool((top_ps < 1.0).any())
-        if uses_top_p or bool((top_ks < vocab).any()):
+        host = torch.tensor([[p.temperature, p.top_p, p.top_k if 0 < p.top_k < vocab else vocab] for p in params],
+                            dtype=torch.float64)
+        uniform = torch.cat([torch.rand(1, generator=rows[i].generator, dtype=torch.float64) for i in sampled])
+        settings = torch.cat([host, uniform[:, None]], dim=1).to(device)
+        temps, top_ps = settings[:, 0:1].to(logits.dtype), settings[:, 1].to(logits.dtype)
+        top_ks, uniform = settings[:, 2].long(), settings[:, 3].to(logits.dtype)
+        sub = logits[sampled] / temps
+        uses_top_p = any(p.top_p < 1.0 for p in params)
+        width = max(p.top_k if 0 < p.top_k < vocab else vocab for p in params)
+        if uses_top_p or width < vocab:
             # candidates in descending order: when every row has a top_k, that subset is exact (top_p is
             # taken over the renormalised top-k, as HF and vLLM do); a row without one needs the full sort
-            width = int(top_ks.max())
             values, order = sub.sort(dim=-1, descending=True) if width == vocab else sub.topk(width, dim=-1)
-            values = values.masked_fill(torch.arange(width)[None, :] >= top_ks[:, None], float("-inf"))
+            values = values.masked_fill(torch.arange(width, device=device)[None, :] >= top_ks[:, None],
+                                        float("-inf"))
             probs = torch.softmax(values, dim=-1)
             if uses_top_p:
                 # keep the smallest prefix whose mass reaches top_p (the top token always survives)

@@ -2,7 +2,13 @@
 
 Invariant: decoding sequences occupy KV slots 0..B-1 in `self.decoding` order, and a request in
 prefill holds slot B (its first candidate). A retiring sequence's slot is filled by the last row,
-so the decode step always reads plain views of the cache.
+so the decode step always reads plain views of the cache. New candidates are placed (every one of
+a step's prefilled requests) before any of them is sampled, so a candidate that finishes on its
+first token can only move rows that already sit at their own slot.
+
+Failures are kept to the request they belong to: a prefill, a row's forward (e.g. its adapter), a
+row's sampling step or its output handling fails that request with `inference_error` and the batch
+goes on. Only a fault of the shared device state is fatal (the engine loop then fails everything).
 """
 
 from __future__ import annotations
@@ -16,8 +22,7 @@ import torch
 
 from engine.errors import EngineError
 from engine.forward import DecoderForward
-from engine.lora import LoraBatch
-from engine.outputs import CandidateOutputs
+from engine.outputs import OutputStage, Postprocess
 from engine.sampler import Sampler
 from engine.sequence import EngineRequest, RequestOutput, Sequence, SequenceGroup
 from engine.stats import EngineStats
@@ -25,7 +30,19 @@ from engine.stats import EngineStats
 log = logging.getLogger(__name__)
 
 
-class Scheduler(CandidateOutputs):
+def is_device_fault(exc: BaseException) -> bool:
+    """A failure of the shared device state (CUDA error, device-side assert): no request can go on."""
+    text = f"{type(exc).__name__}: {exc}"
+    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in text or "device-side assert" in text
+
+
+def _request_error(exc: BaseException, stage: str) -> EngineError:
+    if isinstance(exc, EngineError):
+        return exc
+    return EngineError("inference_error", f"{stage} failed: {type(exc).__name__}")
+
+
+class Scheduler:
     def __init__(self, forward: DecoderForward, sampler: Sampler, tokenizer, prefill_budget: int = 512,
                  kv_budget_tokens: int | None = None) -> None:
         self.forward = forward
@@ -41,12 +58,22 @@ class Scheduler(CandidateOutputs):
         self.prefilling: SequenceGroup | None = None
         self.decoding: list[Sequence] = []
         self.stats = EngineStats()
-        self.postprocess = None  # optional hook(seq) -> dict of extra output fields, set by the engine
+        self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, self._release)
         self.reasoning = False  # the model declares reasoning (profile); set by the engine
+
+    @property
+    def postprocess(self) -> Postprocess | None:
+        """Hook(seq) -> extra closing fields (tool calls, strict-grammar checks), set by the engine."""
+        return self.outputs.postprocess
+
+    @postprocess.setter
+    def postprocess(self, hook: Postprocess | None) -> None:
+        self.outputs.postprocess = hook
 
     # -- admission -----------------------------------------------------------------------------
 
     def add(self, request: EngineRequest) -> None:
+        params = request.params
         prompt_len = len(request.prompt_ids)
         if prompt_len == 0:
             raise EngineError("invalid_request", "prompt is empty", request.prompt_param)
@@ -56,17 +83,26 @@ class Scheduler(CandidateOutputs):
                 f"prompt has {prompt_len} tokens; this model accepts at most {self.max_len - 1}",
                 request.prompt_param,
             )
-        adapter = request.params.lora_adapter
+        adapter = params.lora_adapter
         if adapter is not None and adapter not in self.forward.adapters:
             raise EngineError("unknown_lora_adapter", f"unknown LoRA adapter '{adapter}'", "lora_adapter")
-        if request.params.width > self.max_slots:
+        if params.width > self.max_slots:
             raise EngineError(
                 "invalid_request",
-                f"n/best_of of {request.params.width} exceeds this engine's {self.max_slots} concurrent sequences",
-                "best_of" if request.params.best_of else "n",
+                f"n/best_of of {params.width} exceeds this engine's {self.max_slots} concurrent sequences",
+                "best_of" if params.best_of else "n",
             )
-        # generation never runs past the cache: clamp the budget, finishing with "length"
-        request.params.max_tokens = min(request.params.max_tokens, self.max_len - prompt_len)
+        room = self.max_len - prompt_len
+        if params.max_tokens > room:
+            if not params.clamp_max_tokens:  # the client's own cap: say so, as vLLM and OpenAI do
+                raise EngineError(
+                    "context_exceeded",
+                    f"the prompt ({prompt_len} tokens) plus '{params.max_tokens_param}' ({params.max_tokens}) "
+                    f"exceeds this model's context of {self.max_len} tokens",
+                    params.max_tokens_param,
+                )
+            params.max_tokens = room  # a default cap: generation never runs past the cache
+            params.min_tokens = min(params.min_tokens, room)
         group = SequenceGroup(request)
         if self.reasoning:
             group.reasoning = True
@@ -76,7 +112,7 @@ class Scheduler(CandidateOutputs):
                 "invalid_request",
                 f"n x (prompt + max tokens) = {group.kv_need} token positions exceeds this engine's KV budget "
                 f"of {self.kv_budget}; lower n/best_of or the token limit",
-                "n" if request.params.width > 1 else "max_tokens",
+                "n" if params.width > 1 else params.max_tokens_param,
             )
         self.waiting.append(group)
 
@@ -132,12 +168,19 @@ class Scheduler(CandidateOutputs):
         if not group.sent_final:
             group.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error))
 
+    def _fail(self, failures: dict[int, tuple[SequenceGroup, EngineError]]) -> None:
+        for group, error in failures.values():
+            log.warning("request %s failed: %s", group.request.request_id, error.message)
+            self.abort(group, "error", error)
+
     def _new_parent(self, group: SequenceGroup) -> Sequence:
         parent = Sequence(group, 0, self._generator(group, 0), self.tokenizer)
         if group.request.grammar is not None:
             parent.grammar = group.request.grammar()
         group.sequences = [parent]
         return parent
+
+    # -- prefill -------------------------------------------------------------------------------
 
     def _take_short_prompts(self, budget: int) -> list[SequenceGroup]:
         """Waiting requests whose whole prompt fits the step's budget (FIFO), for one batched prefill."""
@@ -167,14 +210,42 @@ class Scheduler(CandidateOutputs):
                 [g.sequences[0].slot for g in groups], [g.request.prompt_ids for g in groups],
                 [g.params.lora_adapter for g in groups])
         except Exception as exc:  # a forward failure must not take the engine down
-            log.exception("batched prefill failed")
-            for group in groups:
-                self.abort(group, "error", EngineError("inference_error", f"prefill failed: {type(exc).__name__}"))
+            if is_device_fault(exc):
+                raise
+            log.exception("batched prefill failed; prefilling its requests one by one")
+            self._prefill_groups_alone(groups)
             return
-        for group, row in zip(groups, logits, strict=True):
+        rows: list[Sequence] = []
+        for group in groups:
             group.prefilled = len(group.request.prompt_ids)
             group.sequences[0].kv_len = group.prefilled
-            self._start_decoding(group, row)
+            rows += self._place(group)
+        widths = torch.tensor([g.params.width for g in groups], device=logits.device)
+        self._sample_and_advance(logits.repeat_interleave(widths, dim=0), rows)
+
+    def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
+        """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails
+        (e.g. their adapter) fail. Slots are handed out again over the survivors only."""
+        slot = len(self.decoding)
+        survivors: list[tuple[SequenceGroup, torch.Tensor]] = []
+        for group in groups:
+            prompt = group.request.prompt_ids
+            group.sequences[0].slot = slot
+            try:
+                logits = self.forward.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
+            except Exception as exc:
+                if is_device_fault(exc):
+                    raise
+                self.abort(group, "error", _request_error(exc, "prefill"))
+                continue
+            group.prefilled = group.sequences[0].kv_len = len(prompt)
+            survivors.append((group, logits))
+            slot += group.params.width
+        rows: list[Sequence] = []
+        for group, _ in survivors:
+            rows += self._place(group)  # every survivor is placed before any is sampled (see the invariant)
+        if rows:
+            self._sample_and_advance(torch.cat([row[None].repeat(g.params.width, 1) for g, row in survivors]), rows)
 
     def _prefill(self) -> None:
         budget = self.prefill_budget
@@ -206,20 +277,24 @@ class Scheduler(CandidateOutputs):
             if embeds is not None:
                 embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
             try:
-                logits = self.forward.prefill(parent.slot, torch.tensor(chunk), group.prefilled,
+                logits = self.forward.prefill(parent.slot, chunk, group.prefilled,
                                               adapter=group.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
+                if is_device_fault(exc):
+                    raise
                 log.exception("prefill failed for %s", group.request.request_id)
-                self.abort(group, "error", EngineError("inference_error", f"prefill failed: {type(exc).__name__}"))
+                self.abort(group, "error", _request_error(exc, "prefill"))
                 continue
             group.prefilled += len(chunk)
             parent.kv_len = group.prefilled
             budget -= len(chunk)
             if group.prefilled == len(prompt):
                 self.prefilling = None
-                self._start_decoding(group, logits)
+                rows = self._place(group)
+                self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
 
-    def _start_decoding(self, group: SequenceGroup, logits: torch.Tensor) -> None:
+    def _place(self, group: SequenceGroup) -> list[Sequence]:
+        """Fork the prefilled parent into its n/best_of candidates and append them to the decode rows."""
         parent = group.sequences[0]
         for index in range(1, group.params.width):
             child = parent.fork(index, self._generator(group, index), self.tokenizer)
@@ -229,35 +304,90 @@ class Scheduler(CandidateOutputs):
         self.decoding.extend(group.sequences)
         group.first_token_at = time.monotonic()
         self.stats.observe_ttft(group.first_token_at - group.request.arrival)
-        rows = group.sequences
-        self._sample_and_advance(logits.unsqueeze(0).expand(len(rows), -1).clone(), rows)
+        return list(group.sequences)
+
+    # -- decode --------------------------------------------------------------------------------
 
     def _decode(self) -> None:
         rows = list(self.decoding)
-        tokens = torch.tensor([s.output_ids[-1] for s in rows])
-        positions = torch.tensor([s.kv_len for s in rows])
+        tokens = [s.output_ids[-1] for s in rows]
+        positions = [s.kv_len for s in rows]
         adapters = [s.params.lora_adapter for s in rows]
-        lora = LoraBatch(self.forward.adapters, adapters) if any(adapters) else None
-        logits = self.forward.decode(tokens, positions, int(positions.max()) + 1, lora)
+        try:
+            logits = self.forward.decode(tokens, positions, adapters)
+        except Exception as exc:
+            if is_device_fault(exc):
+                raise
+            log.exception("batched decode failed; retrying its rows one by one")
+            self._decode_rows_alone(rows)
+            return
         for s in rows:
             s.kv_len += 1
         self._sample_and_advance(logits, rows)
 
+    def _decode_rows_alone(self, rows: list[Sequence]) -> None:
+        """After a failed batched step: one forward per row (a one-token prefill at its position writes
+        the same K/V), so that only the rows whose own forward fails (e.g. their adapter) fail."""
+        ok: list[Sequence] = []
+        row_logits: list[torch.Tensor] = []
+        failures: dict[int, tuple[SequenceGroup, EngineError]] = {}
+        for seq in rows:
+            if id(seq.group) in failures:
+                continue
+            try:
+                row_logits.append(self.forward.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
+                                                       adapter=seq.params.lora_adapter))
+            except Exception as exc:
+                if is_device_fault(exc):
+                    raise
+                failures[id(seq.group)] = (seq.group, _request_error(exc, "decode"))
+                continue
+            ok.append(seq)
+        keep = [i for i, seq in enumerate(ok) if id(seq.group) not in failures]
+        ok = [ok[i] for i in keep]
+        for seq in ok:
+            seq.kv_len += 1
+        self._fail(failures)  # after the K/V of the good rows is counted, so compaction moves all of it
+        if ok:
+            self._sample_and_advance(torch.stack([row_logits[i] for i in keep]), ok)
+
+    # -- sampling and outputs ------------------------------------------------------------------
+
     def _sample_and_advance(self, logits: torch.Tensor, rows: list[Sequence]) -> None:
         masks = {i: s.grammar.apply_mask for i, s in enumerate(rows) if s.grammar is not None}
-        out = self.sampler.sample(logits, rows, masks)
+        failures: dict[int, tuple[SequenceGroup, EngineError]] = {}
+        try:
+            out = self.sampler.sample(logits, rows, masks)
+        except Exception as exc:
+            if is_device_fault(exc):
+                raise
+            log.exception("sampling failed")
+            self._fail({id(s.group): (s.group, _request_error(exc, "sampling")) for s in rows})
+            return
+        for i, error in out.row_errors.items():
+            failures.setdefault(id(rows[i].group), (rows[i].group, _request_error(error, "sampling")))
         self.stats.generated_tokens += len(rows)
         for i, seq in enumerate(rows):
-            self._advance(seq, out.tokens[i], out.logprobs[i], out.top[i] if out.top else None)
+            if id(seq.group) in failures:
+                continue
+            try:
+                self.outputs.advance(seq, out.tokens[i], out.logprobs[i], out.top[i] if out.top else None)
+            except Exception as exc:
+                if is_device_fault(exc):
+                    raise
+                log.exception("output handling failed for %s", seq.group.request.request_id)
+                failures[id(seq.group)] = (seq.group, _request_error(exc, "output handling"))
         for seq in rows:
-            if seq.finished:
+            if seq.finished and id(seq.group) not in failures:
                 self._retire(seq)
-                self._maybe_finish_group(seq.group)
-        for group in {id(s.group): s.group for s in rows}.values():
-            if group.request.stream and not group.buffered and not group.sent_final:
-                for seq in group.sequences:
-                    if not seq.finished and (seq.text or seq.reasoning or seq.unsent_logprobs):
-                        self._emit_delta(seq)
+                try:
+                    self.outputs.maybe_finish_group(seq.group)
+                except Exception as exc:
+                    log.exception("closing failed for %s", seq.group.request.request_id)
+                    failures[id(seq.group)] = (seq.group, _request_error(exc, "output handling"))
+        self._fail(failures)
+        groups = {id(s.group): s.group for s in rows if id(s.group) not in failures}
+        self.outputs.emit_stream_deltas(list(groups.values()))
 
     def _retire(self, seq: Sequence) -> None:
         """Free the sequence's slot, moving the last row (and any prefill in progress) down."""
@@ -278,7 +408,7 @@ class Scheduler(CandidateOutputs):
 
     def _generator(self, group: SequenceGroup, index: int) -> torch.Generator:
         seed = group.params.seed
-        gen = torch.Generator()
+        gen = torch.Generator()  # host-side: draws stay the same on any device (see Sampler._choose)
         # children of a seeded request get distinct but reproducible streams
         gen.manual_seed((seed + index) % 2**63 if seed is not None else random.getrandbits(63))
         return gen

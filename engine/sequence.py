@@ -14,6 +14,8 @@ from engine.errors import EngineError
 from engine.reasoning import ReasoningSplitter
 from engine.sampling_params import SamplingParams
 
+DETOK_CONTEXT = 6  # prompt tokens that seed each candidate's detokenizer
+
 
 @dataclass
 class RequestOutput:
@@ -28,11 +30,12 @@ class RequestOutput:
     completion_tokens: int = 0
     final: bool = False  # no more outputs follow for this request
     error: EngineError | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string matched, or the stop token id
     tool_calls: list[dict[str, Any]] | None = None
     reasoning: str | None = None
     ttft_ms: float | None = None  # on closing outputs: engine-side time to first token
     tpot_ms: float | None = None  # on closing outputs: mean time per output token after the first
+    progress: bool = False  # an empty output that only says the first token exists (blocking requests)
 
 
 @dataclass
@@ -59,11 +62,13 @@ class Sequence:
         self.prompt_ids = group.request.prompt_ids
         self.output_ids: list[int] = []
         self.generator = generator
-        self.detok = IncrementalDetokenizer(tokenizer, self.params.stop)
+        # seeded with the prompt's tail, so the first token keeps its leading space (SentencePiece)
+        self.detok = IncrementalDetokenizer(tokenizer, self.params.stop, self.prompt_ids[-DETOK_CONTEXT:])
         self.slot = -1
         self.kv_len = 0  # positions whose K/V are in the cache
         self.cum_logprob = 0.0
         self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
         self.closed = False  # its closing output was sent
         self.text = ""  # released, not yet sent
         self.full_text = ""
@@ -116,6 +121,7 @@ class SequenceGroup:
         self.prefilled = 0  # prompt tokens already in the cache
         self.first_token_at: float | None = None
         self.sent_final = False
+        self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admitted = False  # holds a KV reservation in the scheduler
         self.reasoning = False  # the model declares reasoning: split <think> text from content
         self.thinking_open = False  # the rendered prompt already opened the thinking block

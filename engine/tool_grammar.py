@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.errors import invalid
 from engine.sampling_params import GrammarRequest
 
 
@@ -33,7 +34,8 @@ def forced_tool_grammar(tools: list[dict[str, Any]], tool_choice: Any, parallel:
     else:
         return None
     if not functions:
-        return None
+        # the gateway rejects this too; the engine must when it is driven directly (Triton's own clients)
+        raise invalid(f"tool_choice {tool_choice!r} matches no function in tools", "tool_choice")
     items = _call_schema(functions[0]) if len(functions) == 1 else {"anyOf": [_call_schema(f) for f in functions]}
     schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
     if max_items is not None:

@@ -1,6 +1,6 @@
 """Image input for Llava-style vision-language models, on the same DecoderForward path as text.
 
-A vision model is recognised by `vision_config` in its config. It is loaded with its processor;
+A vision model (engine.model_loading) is loaded with its processor;
 DecoderForward runs its language model (`model.model.language_model` + `model.lm_head`). For a
 request with images the prompt is rendered through the chat template with `<image>` placeholders
 (one user turn for a native prompt; before the text of the last user message for chat), the
@@ -19,45 +19,6 @@ import torch
 
 from engine.chat import render_chat
 from engine.errors import EngineError
-
-# text model_type -> the causal-LM architecture DecoderForward knows it as
-TEXT_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
-
-
-def is_vision_config(config: Any) -> bool:
-    return getattr(config, "vision_config", None) is not None
-
-
-def load_model(path: str, dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, Any, Any]:
-    """(model in eval mode on `device`, tokenizer, processor or None for a text-only model)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    if not is_vision_config(AutoConfig.from_pretrained(path)):
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-        return model.to(device).eval(), tokenizer, None
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(path)
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    return model.to(device).eval(), processor.tokenizer, processor
-
-
-def language_model(hf_model: torch.nn.Module) -> tuple[Any, torch.nn.Module, str]:
-    """(text config, decoder module with embed_tokens/layers/norm, causal-LM architecture name)."""
-    config = hf_model.config
-    if not is_vision_config(config):
-        return config, hf_model.model, (config.architectures or ["?"])[0]
-    text_config = config.get_text_config()
-    inner = getattr(hf_model.model, "language_model", None)
-    if inner is None or not hasattr(inner, "layers"):
-        raise ValueError(f"{type(hf_model).__name__}: no language model with decoder layers found")
-    return text_config, inner, TEXT_ARCHITECTURES.get(text_config.model_type, text_config.model_type)
 
 
 def decode_images(images: list[bytes]) -> list[Any]:

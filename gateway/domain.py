@@ -65,7 +65,10 @@ class GenerationRequest:
 
     def sampling_parameters(self) -> dict[str, Any]:
         """The JSON `sampling_parameters` tensor for the Triton model (see docs/triton-contract.md)."""
-        params: dict[str, Any] = {"max_tokens": self.max_tokens, "n": self.n}
+        params: dict[str, Any] = {"max_tokens": self.max_tokens, "n": self.n,
+                                  "max_tokens_param": self.max_tokens_param}
+        if self.max_tokens_defaulted:
+            params["clamp_max_tokens"] = True  # no field set the cap: the engine clamps it to the context left
         optional = {
             "temperature": self.temperature,
             "top_p": self.top_p,

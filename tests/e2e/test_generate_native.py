@@ -69,3 +69,23 @@ def test_prompt_longer_than_the_context_is_context_exceeded_on_prompt(stack):
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_exceeded"
     assert r.json()["error"]["param"] == "prompt"
+
+
+def test_prompt_plus_explicit_cap_past_the_context_is_context_exceeded(stack):
+    # ~1,500 prompt tokens + 1,000 asked for > the 2,048-token context: an error naming the field, not a clamp
+    r = httpx.post(f"{stack.base_url}/v1/generate/{SIE_MODEL}",
+                   json={"prompt": "word " * 1500, "max_new_tokens": 1000}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("context_exceeded", "max_new_tokens")
+
+
+def test_chat_explicit_cap_past_the_context_names_max_tokens(stack):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 1500}], "max_tokens": 1000}
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "max_tokens"
+    # without a cap, the default is clamped to what the context has left
+    del body["max_tokens"]
+    body["stop"] = ["."]
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text

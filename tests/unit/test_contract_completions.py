@@ -130,7 +130,9 @@ def test_minimal_request_defaults() -> None:
     # OpenAI's default of 16 tokens, marked defaulted so a smaller model cap clamps it instead of failing
     assert (req.max_tokens, req.max_tokens_param, req.max_tokens_defaulted) == (16, "max_tokens", True)
     assert (req.stream, req.include_usage, req.n, req.logprobs, req.top_logprobs) == (False, False, 1, False, 0)
-    assert req.sampling_parameters() == {"max_tokens": 16, "n": 1}
+    # the engine names `max_tokens` in a context error, and clamps this default to the context left
+    assert req.sampling_parameters() == {"max_tokens": 16, "n": 1, "max_tokens_param": "max_tokens",
+                                         "clamp_max_tokens": True}
 
 
 def test_explicit_max_tokens_is_not_defaulted() -> None:

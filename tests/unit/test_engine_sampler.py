@@ -227,3 +227,29 @@ def test_mixed_batch_keeps_each_rows_settings(sampler):
     ]
     out = sampler.sample(logits, rows)
     assert out.tokens == [EOS, 8, 3, EOS]
+
+
+def test_eos_ban_never_empties_a_row(sampler):
+    """A grammar that allows only the end: min_tokens / ignore_eos must not leave the row all -inf."""
+    for params in (greedy(min_tokens=5, ignore_eos=False), greedy(ignore_eos=True),
+                   SamplingParams(temperature=1.0, ignore_eos=True)):
+        logits = torch.full((1, V), float("-inf"))
+        logits[0, EOS] = 1.0
+        assert sampler.sample(logits, [FakeRow(params)]).tokens == [EOS]
+
+
+def test_min_tokens_bans_the_requests_stop_token_ids(sampler):
+    logits = base_logits()  # token 3 is the argmax
+    params = greedy(min_tokens=2, stop_token_ids=[3])
+    assert sampler.sample(logits.clone(), [FakeRow(params, output_ids=[4])]).tokens == [7]
+    assert sampler.sample(logits.clone(), [FakeRow(params, output_ids=[4, 4])]).tokens == [3]
+
+
+def test_a_failing_grammar_mask_fails_only_its_row(sampler):
+    def broken(row):
+        raise RuntimeError("matcher failed")
+
+    rows = [FakeRow(greedy()), FakeRow(greedy())]
+    out = sampler.sample(base_logits(2), rows, {1: broken})
+    assert out.tokens[0] == 3
+    assert set(out.row_errors) == {1}

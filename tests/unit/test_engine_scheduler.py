@@ -18,58 +18,12 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import EngineRequest, RequestOutput
 
 from .conftest import ENGINE_SLOTS
-
-PROMPTS = [
-    "Why is the sky blue?",
-    "Write a haiku about rain.",
-    "Name three primary colors.",
-    "How do bees make honey?",
-]
+from .engine_run import PROMPTS, Run, greedy
 
 
 @pytest.fixture(scope="module")
 def prompts(real_engine) -> list[list[int]]:
     return [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
-
-
-class Run:
-    """Requests added to a synchronous scheduler; records every output and each candidate's token ids."""
-
-    def __init__(self, sched) -> None:
-        self.sched = sched
-        self.outputs: dict[str, list[RequestOutput]] = {}
-        self.tokens: dict[tuple[str, int], list[int]] = {}
-        self.groups = {}
-        sched.postprocess = self._capture
-
-    def _capture(self, seq) -> dict:
-        self.tokens[(seq.group.request.request_id, seq.index)] = list(seq.output_ids)
-        return {}
-
-    def add(self, rid: str, prompt_ids: list[int], params: SamplingParams, stream: bool = True, is_cancelled=None):
-        self.outputs[rid] = []
-        self.sched.add(EngineRequest(rid, prompt_ids, params, self.outputs[rid].append, stream, is_cancelled))
-        self.groups[rid] = self.sched.waiting[-1]
-
-    def step(self) -> None:
-        self.sched.step()
-
-    def until_done(self, max_steps: int = 500) -> None:
-        for _ in range(max_steps):
-            if not self.sched.has_work():
-                return
-            self.sched.step()
-        raise AssertionError("scheduler did not finish")
-
-    def text(self, rid: str, index: int = 0) -> str:
-        return "".join(o.text for o in self.outputs[rid] if o.index == index)
-
-    def finals(self, rid: str) -> list[RequestOutput]:
-        return [o for o in self.outputs[rid] if o.final]
-
-
-def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
 
 
 # -- seeded sampling ------------------------------------------------------------------------------
@@ -275,8 +229,11 @@ def test_best_of_returns_top_n_by_cumulative_logprob(make_scheduler, prompts):
     params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=11, max_tokens=8, ignore_eos=True, logprobs=True)
     run.add("bo", prompts[2], params)
     run.until_done()
-    outs = run.outputs["bo"]
-    assert len(outs) == 2  # buffered: nothing streamed, one closing output per returned choice
+    progress = [o for o in run.outputs["bo"] if o.progress]
+    outs = [o for o in run.outputs["bo"] if not o.progress]
+    # one empty progress output at the first token (gateway first-token timeout), nothing else streamed
+    assert [(o.text, o.finish_reason, o.final) for o in progress] == [("", None, False)]
+    assert len(outs) == 2  # buffered: one closing output per returned choice
     assert [o.index for o in outs] == [0, 1]
     assert [o.final for o in outs] == [False, True]
     assert all(o.finish_reason == "length" and o.completion_tokens == 8 for o in outs)

@@ -27,3 +27,14 @@ def test_closing_and_error_outputs_are_never_merged_or_jumped():
     assert [(o.index, o.text, o.finish_reason) for _, o in merged] == [
         (0, "a", None), (0, "b", "stop"), (1, "cd", None), (1, "", "error")]
     assert merged[-1][1].final
+
+
+def test_reasoning_deltas_are_merged_not_dropped():
+    sender = object()
+    batch = [
+        (sender, RequestOutput("r", 0, "", reasoning="Let me ", completion_tokens=1)),
+        (sender, RequestOutput("r", 0, "", reasoning="think.", completion_tokens=2)),
+        (sender, RequestOutput("r", 0, "Answer", completion_tokens=3)),
+    ]
+    (merged,) = coalesce(batch)
+    assert (merged[1].reasoning, merged[1].text, merged[1].completion_tokens) == ("Let me think.", "Answer", 3)

@@ -70,16 +70,14 @@ def run(eng, prompt=None, messages=None, images=None, **kw):
 
 def first_token_logits(eng, ids, embeds, chunk: int = 1000):
     """Prefill on a private KV cache (the engine's weights), optionally in chunks; logits of the last token."""
-    import torch
 
     from engine.kv_cache import KVCache
 
     fwd = copy.copy(eng.forward)
     fwd.cache = KVCache(len(fwd.layers), 1, fwd.n_kv, MAX_LEN, fwd.head_dim, fwd.dtype, fwd.device)
-    ids_t = torch.tensor(ids)
     for start in range(0, len(ids), chunk):
         end = min(start + chunk, len(ids))
-        logits = fwd.prefill(0, ids_t[start:end], start, embeds=None if embeds is None else embeds[start:end])
+        logits = fwd.prefill(0, ids[start:end], start, embeds=None if embeds is None else embeds[start:end])
     return logits
 
 

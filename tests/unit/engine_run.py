@@ -1,0 +1,62 @@
+"""A synchronous scheduler harness for the engine tests: requests in, every output and token id recorded."""
+
+from __future__ import annotations
+
+from engine.sampling_params import SamplingParams
+from engine.sequence import EngineRequest, RequestOutput
+
+PROMPTS = [
+    "Why is the sky blue?",
+    "Write a haiku about rain.",
+    "Name three primary colors.",
+    "How do bees make honey?",
+]
+
+
+class Run:
+    """Requests added to a synchronous scheduler; records every output and each candidate's token ids."""
+
+    def __init__(self, sched) -> None:
+        self.sched = sched
+        self.outputs: dict[str, list[RequestOutput]] = {}
+        self.tokens: dict[tuple[str, int], list[int]] = {}
+        self.groups = {}
+        sched.postprocess = self._capture
+
+    def _capture(self, seq) -> dict:
+        self.tokens[(seq.group.request.request_id, seq.index)] = list(seq.output_ids)
+        return {}
+
+    def add(self, rid: str, prompt_ids: list[int], params: SamplingParams, stream: bool = True, is_cancelled=None,
+            grammar=None):
+        self.outputs[rid] = []
+        self.sched.add(EngineRequest(rid, prompt_ids, params, self.outputs[rid].append, stream, is_cancelled,
+                                     grammar=grammar))
+        self.groups[rid] = self.sched.waiting[-1]
+
+    def step(self) -> None:
+        self.sched.step()
+
+    def until_done(self, max_steps: int = 500) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work():
+                return
+            self.sched.step()
+        raise AssertionError("scheduler did not finish")
+
+    def ids(self, rid: str, index: int = 0) -> list[int]:
+        return self.tokens[(rid, index)]
+
+    def final(self, rid: str) -> RequestOutput:
+        (out,) = self.finals(rid)
+        return out
+
+    def text(self, rid: str, index: int = 0) -> str:
+        return "".join(o.text for o in self.outputs[rid] if o.index == index)
+
+    def finals(self, rid: str) -> list[RequestOutput]:
+        return [o for o in self.outputs[rid] if o.final]
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
