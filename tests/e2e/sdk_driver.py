@@ -83,6 +83,16 @@ def error_context_exceeded(client: SIEClient, model: str) -> dict[str, Any]:
     return {"result": dict(client.generate(model, PROMPT, max_new_tokens=10**6))}
 
 
+def provisioning_no_wait(client: SIEClient, model: str) -> dict[str, Any]:
+    return {"result": dict(client.generate(model, PROMPT, max_new_tokens=4, wait_for_capacity=False))}
+
+
+def wait_for_capacity(client: SIEClient, model: str) -> dict[str, Any]:
+    """Retries 503 PROVISIONING (honouring Retry-After) until a Triton comes up behind the gateway."""
+    result = client.generate(model, PROMPT, max_new_tokens=4, wait_for_capacity=True, provision_timeout_s=240)
+    return {"result": dict(result), "retries": client.last_retry_count}
+
+
 # -- 503 MODEL_LOADING once, then the real gateway ------------------------------------------------
 
 
@@ -169,7 +179,7 @@ def retry_model_loading(base_url: str, model: str) -> dict[str, Any]:
 SCENARIOS = {f.__name__: f for f in (
     generate, stream_generate, chat_completions, stream_chat_completions, error_temperature,
     error_temperature_chat, error_temperature_stream, error_unknown_model, error_unknown_model_chat,
-    error_context_exceeded,
+    error_context_exceeded, provisioning_no_wait, wait_for_capacity,
 )}
 
 
