@@ -74,8 +74,8 @@ loadtest: install  ## headless locust against the running local stack (start `ma
 	$(PY) loadtest/run.py --users $(LOADTEST_USERS) --duration $(LOADTEST_DURATION) \
 		--host http://127.0.0.1:$(GATEWAY_PORT) --out loadtest/results --classes "$(LOADTEST_CLASSES)"
 
-soak: model  ## 64 streaming users for 5 minutes against a fresh local stack, with RSS sampling
-	PYTHONPATH=. $(PY) scripts/soak.py --users 64 --duration 5m
+soak: model  ## 64 streaming users for 15 minutes on a fresh local stack; fails if RSS grows > 2 % after minute 3
+	PYTHONPATH=. $(PY) scripts/soak.py --users 64 --duration 15m
 
 LINT_PATHS := gateway engine devstack tests bench scripts loadtest model_repository docker .ci
 lint: install  ## ruff on every folder, mypy on the shipped code (pyproject [tool.mypy])
