@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
+from collections.abc import Iterable
 
 import torch
 import xgrammar as xgr
@@ -47,7 +48,7 @@ class GrammarState:
 class GrammarCompilerCache:
     """Compiles grammars once per (kind, value) and keeps the most recent ones."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)

@@ -74,7 +74,8 @@ class OutputStage:
 
     def _logprob_entry(self, token: int, logprob: float, top) -> dict:
         text = self.token_text(token)
-        entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        entry: dict[str, Any] = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")),
+                                 "top_logprobs": []}
         if top:
             for tid, lp in top:
                 t = self.token_text(tid)
