@@ -40,6 +40,7 @@ class EngineConfig:
     threads: int | None = None
     lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
     kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
+    prefix_cache_tokens: int = 8192  # K/V of past prompts kept for reuse (automatic prefix caching; 0: off)
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
 
 
@@ -64,7 +65,7 @@ class LLMEngine:
         self.forward.adapters = load_adapters(model, config.lora_paths or {})
         self.sampler = Sampler(self.forward.vocab_size, self._stop_token_ids(model))
         self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget,
-                                   config.kv_budget_tokens)
+                                   config.kv_budget_tokens, config.prefix_cache_tokens)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
         self.scheduler.reasoning = config.reasoning
         self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set)

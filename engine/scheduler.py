@@ -14,6 +14,7 @@ goes on. Only a fault of the shared device state is fatal (the engine loop then 
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import random
 import time
@@ -23,6 +24,7 @@ import torch
 from engine.errors import EngineError
 from engine.forward import DecoderForward
 from engine.outputs import OutputStage, Postprocess
+from engine.prefix_cache import PrefixCache
 from engine.sampler import Sampler
 from engine.sequence import EngineRequest, RequestOutput, Sequence, SequenceGroup
 from engine.stats import EngineStats
@@ -44,7 +46,7 @@ def _request_error(exc: BaseException, stage: str) -> EngineError:
 
 class Scheduler:
     def __init__(self, forward: DecoderForward, sampler: Sampler, tokenizer, prefill_budget: int = 512,
-                 kv_budget_tokens: int | None = None) -> None:
+                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0) -> None:
         self.forward = forward
         self.sampler = sampler
         self.tokenizer = tokenizer
@@ -59,6 +61,8 @@ class Scheduler:
         self.decoding: list[Sequence] = []
         self.stats = EngineStats()
         self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, self._release)
+        # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
+        self.prefix_cache = PrefixCache(forward.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self.reasoning = False  # the model declares reasoning (profile); set by the engine
 
     @property
@@ -190,6 +194,9 @@ class Scheduler:
             size = len(group.request.prompt_ids)
             if size > budget or group.request.prompt_embeds is not None or not self._fits(group, slots, reserved):
                 break
+            if self.prefix_cache is not None and self.prefix_cache.lookup(group.request.prompt_ids,
+                                                                          self._cache_salt(group), touch=False):
+                break  # a cached prefix: only its rest is prefilled, on the chunked path
             batch.append(group)
             budget -= size
             slots += group.params.width
@@ -219,6 +226,7 @@ class Scheduler:
         for group in groups:
             group.prefilled = len(group.request.prompt_ids)
             group.sequences[0].kv_len = group.prefilled
+            self._cache_prompt(group)
             rows += self._place(group)
         widths = torch.tensor([g.params.width for g in groups], device=logits.device)
         self._sample_and_advance(logits.repeat_interleave(widths, dim=0), rows)
@@ -267,7 +275,7 @@ class Scheduler:
                 self.waiting.popleft()
                 self._admit(group)
                 self.prefilling = group
-                self._new_parent(group)
+                self._load_cached_prefix(group, self._new_parent(group))
             group = self.prefilling
             parent = group.sequences[0]
             parent.slot = len(self.decoding)
@@ -290,8 +298,40 @@ class Scheduler:
             budget -= len(chunk)
             if group.prefilled == len(prompt):
                 self.prefilling = None
+                self._cache_prompt(group)
                 rows = self._place(group)
                 self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
+
+    # -- prefix cache --------------------------------------------------------------------------
+
+    @staticmethod
+    def _cache_salt(group: SequenceGroup) -> object:
+        """What the K/V depends on besides the token ids: the adapter, and the image inputs."""
+        if group.cache_salt is None:
+            embeds = group.request.prompt_embeds
+            digest = None
+            if embeds is not None:
+                digest = hashlib.blake2b(embeds.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
+            group.cache_salt = (group.params.lora_adapter, digest)
+        return group.cache_salt
+
+    def _load_cached_prefix(self, group: SequenceGroup, parent: Sequence) -> None:
+        if self.prefix_cache is None:
+            return
+        parent.slot = len(self.decoding)
+        rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group))
+        group.prefilled = parent.kv_len = group.cached_tokens = self.prefix_cache.load(rows, parent.slot)
+
+    def _cache_prompt(self, group: SequenceGroup) -> None:
+        if self.prefix_cache is not None:
+            parent = group.sequences[0]
+            self.prefix_cache.store(group.request.prompt_ids, self._cache_salt(group), parent.slot, parent.kv_len)
+
+    def _cache_finished(self, seq: Sequence) -> None:
+        """A finished candidate's prompt + output K/V (a chat's next turn starts with both)."""
+        if self.prefix_cache is not None and seq.finish_reason in ("stop", "length"):
+            self.prefix_cache.store(seq.prompt_ids + seq.output_ids, self._cache_salt(seq.group), seq.slot,
+                                    seq.kv_len)
 
     def _place(self, group: SequenceGroup) -> list[Sequence]:
         """Fork the prefilled parent into its n/best_of candidates and append them to the decode rows."""
@@ -379,6 +419,7 @@ class Scheduler:
                 failures[id(seq.group)] = (seq.group, _request_error(exc, "output handling"))
         for seq in rows:
             if seq.finished and id(seq.group) not in failures:
+                self._cache_finished(seq)
                 self._retire(seq)
                 try:
                     self.outputs.maybe_finish_group(seq.group)

@@ -35,6 +35,7 @@ class RequestOutput:
     reasoning: str | None = None
     ttft_ms: float | None = None  # on closing outputs: engine-side time to first token
     tpot_ms: float | None = None  # on closing outputs: mean time per output token after the first
+    cached_tokens: int = 0  # of prompt_tokens, served from the prefix cache
     progress: bool = False  # an empty output that only says the first token exists (blocking requests)
 
 
@@ -83,17 +84,20 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def token_counts(self, vocab: int) -> torch.Tensor:
-        if self._counts is None:
-            self._counts = torch.zeros(vocab)
+    def token_counts(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Output-token counts [vocab], kept on the sampler's device (made once, then +1 per token)."""
+        if self._counts is None or self._counts.device != torch.device(device):
+            self._counts = torch.zeros(vocab, device=device)
             if self.output_ids:
-                self._counts.index_add_(0, torch.tensor(self.output_ids), torch.ones(len(self.output_ids)))
+                ids = torch.tensor(self.output_ids, dtype=torch.long, device="cpu").to(device)
+                self._counts.index_add_(0, ids, torch.ones(len(self.output_ids), device=device))
         return self._counts
 
-    def prompt_mask(self, vocab: int) -> torch.Tensor:
-        if self._prompt_mask is None:
-            self._prompt_mask = torch.zeros(vocab, dtype=torch.bool)
-            self._prompt_mask[torch.tensor(self.prompt_ids, dtype=torch.long)] = True
+    def prompt_mask(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Which tokens the prompt holds [vocab] (repetition_penalty), made once on the sampler's device."""
+        if self._prompt_mask is None or self._prompt_mask.device != torch.device(device):
+            self._prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self._prompt_mask[torch.tensor(self.prompt_ids, dtype=torch.long, device="cpu").to(device)] = True
         return self._prompt_mask
 
     def record_token(self, token: int, logprob: float) -> None:
@@ -121,6 +125,8 @@ class SequenceGroup:
         self.prefilled = 0  # prompt tokens already in the cache
         self.first_token_at: float | None = None
         self.sent_final = False
+        self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
+        self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once
         self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admitted = False  # holds a KV reservation in the scheduler
         self.reasoning = False  # the model declares reasoning: split <think> text from content
@@ -140,6 +146,7 @@ class SequenceGroup:
     def emit(self, output: RequestOutput) -> None:
         output.request_id = self.request.request_id
         output.prompt_tokens = len(self.request.prompt_ids)
+        output.cached_tokens = self.cached_tokens
         if output.final:
             self.sent_final = True
         self.request.on_output(output)

@@ -89,6 +89,7 @@ class TritonPythonModel:
                 prefill_budget=int(p.get("prefill_budget", "512")),
                 max_queue=int(p.get("max_queue", "256")),
                 kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
+                prefix_cache_tokens=int(p.get("prefix_cache_tokens", "8192")),
                 reasoning=p.get("reasoning", "false").lower() == "true",
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
@@ -181,8 +182,10 @@ class TritonPythonModel:
             extras["tool_calls"] = out.tool_calls
         if out.reasoning:
             extras["reasoning_content"] = out.reasoning
-        if out.stop_reason:
+        if out.stop_reason is not None:  # a stop string, or a stop token id (0 is an id too)
             extras["stop_reason"] = out.stop_reason
+        if out.cached_tokens and out.finish_reason:
+            extras["cached_tokens"] = out.cached_tokens  # usage.prompt_tokens_details.cached_tokens
         if out.ttft_ms is not None:
             extras["ttft_ms"], extras["tpot_ms"] = out.ttft_ms, out.tpot_ms
         tensors = [

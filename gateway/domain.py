@@ -127,9 +127,10 @@ class GenerationEvent:
     reasoning: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0  # completion tokens of this choice so far (on the closing event)
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string matched, or the stop token id
     ttft_ms: float | None = None  # engine timing, on closing events
     tpot_ms: float | None = None
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache (closing events)
 
     @property
     def is_progress(self) -> bool:
@@ -147,3 +148,4 @@ class GenerationResult:
     completion_tokens: int
     ttft_ms: float | None
     tpot_ms: float | None
+    cached_tokens: int = 0  # of prompt_tokens, from the engine's prefix cache

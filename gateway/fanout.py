@@ -75,6 +75,7 @@ class FanOutSession:
             sum(r.completion_tokens for r in results),
             max(ttfts) if ttfts else None,
             sum(tpots) / len(tpots) if tpots else None,
+            sum(r.cached_tokens for r in results),
         )
 
     async def close(self) -> None:

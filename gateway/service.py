@@ -79,7 +79,7 @@ class GenerationSession:
     async def collect(self) -> GenerationResult:
         """Accumulate every choice (blocking responses)."""
         choices: dict[int, dict] = {}
-        prompt_tokens = 0
+        prompt_tokens = cached_tokens = 0
         last_at = time.monotonic()
         engine_timing: tuple[float, float | None] | None = None
         async for event in self.events():
@@ -103,6 +103,7 @@ class GenerationSession:
                 choice["completion_tokens"] = event.completion_tokens
                 choice["stop_reason"] = event.stop_reason
             prompt_tokens = max(prompt_tokens, event.prompt_tokens)
+            cached_tokens = max(cached_tokens, event.cached_tokens)
         if any(c["finish_reason"] is None for c in choices.values()) or len(choices) < self.request.n:
             raise MalformedWorkerResponse("the model ended without closing every choice")
         for choice in choices.values():
@@ -111,10 +112,10 @@ class GenerationSession:
         completion = sum(c["completion_tokens"] for c in choices.values())
         if engine_timing is not None:
             # blocking requests get one event per choice: the engine measured the real TTFT/TPOT
-            return GenerationResult(choices, prompt_tokens, completion, *engine_timing)
+            return GenerationResult(choices, prompt_tokens, completion, *engine_timing, cached_tokens=cached_tokens)
         decode_s = max(last_at - self.started - self.ttft_s, 0.0)
         tpot = decode_s / (completion - 1) * 1000 if completion > 1 else None
-        return GenerationResult(choices, prompt_tokens, completion, self.ttft_s * 1000, tpot)
+        return GenerationResult(choices, prompt_tokens, completion, self.ttft_s * 1000, tpot, cached_tokens)
 
 
 class GenerationService:

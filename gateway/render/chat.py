@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
 from gateway.errors import GatewayError
+from gateway.render.openai_common import openai_usage, system_fingerprint
 from gateway.render.tool_holdback import ToolHoldback
-from gateway.settings import VERSION
 
 _KEPT_FINISH = {"length", "tool_calls", "content_filter", "function_call"}
-
-
-def system_fingerprint(model: str) -> str:
-    digest = hashlib.blake2b(f"{model}|{VERSION}".encode(), digest_size=8).hexdigest()
-    return f"fp_{digest}"
 
 
 def chat_finish_reason(native: str | None, has_tool_calls: bool) -> str:
     if has_tool_calls:
         return "tool_calls"  # also for a length-truncated candidate that produced a call
     return native if native in _KEPT_FINISH else "stop"
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _logprobs(entries: list[dict[str, Any]] | None, wanted: bool) -> dict[str, Any] | None:
@@ -59,7 +49,7 @@ def render_chat_completion(
         "model": model,
         "system_fingerprint": system_fingerprint(model),
         "choices": choices,
-        "usage": _usage(result.prompt_tokens, result.completion_tokens),
+        "usage": openai_usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
     }
 
 
@@ -82,6 +72,7 @@ class ChatStreamRenderer:
         # with tools in play, leading text may turn out to be a tool call: hold only that part back
         self.holdback = ToolHoldback() if req.tools and req.tool_choice != "none" else None
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.completion_tokens = 0
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
@@ -96,6 +87,7 @@ class ChatStreamRenderer:
     def on_event(self, event: GenerationEvent) -> list[dict[str, Any]]:
         chunks = []
         self.prompt_tokens = max(self.prompt_tokens, event.prompt_tokens)
+        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
         text = event.text
         if self.holdback is not None:
             text = self.holdback.feed(event.index, text)
@@ -130,7 +122,8 @@ class ChatStreamRenderer:
     def usage_chunk(self) -> dict[str, Any] | None:
         if not (self.req.include_usage and self.req.stream):
             return None
-        return {**self.head, "choices": [], "usage": _usage(self.prompt_tokens, self.completion_tokens)}
+        return {**self.head, "choices": [], "usage": openai_usage(self.prompt_tokens, self.completion_tokens,
+                                                                  self.cached_tokens)}
 
     def error_chunk(self, error: GatewayError) -> dict[str, Any]:
         err: dict[str, Any] = {"message": error.message, "type": error.type, "param": error.param,

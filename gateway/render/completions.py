@@ -6,17 +6,13 @@ from typing import Any
 
 from gateway.domain import GenerationEvent, GenerationResult
 from gateway.errors import GatewayError
-from gateway.render.chat import system_fingerprint
+from gateway.render.openai_common import openai_usage, system_fingerprint
 
 _KEPT_FINISH = {"length", "content_filter"}
 
 
 def completion_finish_reason(native: str | None) -> str:
     return native if native in _KEPT_FINISH else "stop"
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def legacy_logprobs(entries: list[dict[str, Any]] | None, offset: int) -> dict[str, Any]:
@@ -76,7 +72,8 @@ def render_completion(shape: CompletionShape, result: GenerationResult) -> dict[
             "logprobs": legacy_logprobs(c["logprobs"], 0) if shape.logprobs is not None else None,
             "finish_reason": completion_finish_reason(c["finish_reason"]),
         })
-    return {**shape.head, "choices": choices, "usage": _usage(result.prompt_tokens, result.completion_tokens)}
+    return {**shape.head, "choices": choices, "usage": openai_usage(result.prompt_tokens, result.completion_tokens,
+                                                                         result.cached_tokens)}
 
 
 class CompletionStreamRenderer:
@@ -88,6 +85,7 @@ class CompletionStreamRenderer:
         self.started: set[int] = set()
         self.offsets: dict[int, int] = {}  # characters sent so far per choice (legacy `text_offset`)
         self.prompt_tokens: dict[int, int] = {}  # per prompt: each engine request counts its own prompt
+        self.cached_tokens: dict[int, int] = {}
         self.completion_tokens = 0
 
     def _chunk(self, index: int, text: str, logprobs: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
@@ -98,6 +96,7 @@ class CompletionStreamRenderer:
         index = event.index
         prompt = index // self.shape.n
         self.prompt_tokens[prompt] = max(self.prompt_tokens.get(prompt, 0), event.prompt_tokens)
+        self.cached_tokens[prompt] = max(self.cached_tokens.get(prompt, 0), event.cached_tokens)
         text = event.text
         if index not in self.started:
             self.started.add(index)
@@ -119,7 +118,8 @@ class CompletionStreamRenderer:
         if not self.include_usage:
             return None
         prompt = sum(self.prompt_tokens.values())
-        return {**self.shape.head, "choices": [], "usage": _usage(prompt, self.completion_tokens)}
+        cached = sum(self.cached_tokens.values())
+        return {**self.shape.head, "choices": [], "usage": openai_usage(prompt, self.completion_tokens, cached)}
 
     def error_chunk(self, error: GatewayError) -> dict[str, Any]:
         err: dict[str, Any] = {"message": error.message, "type": error.type, "param": error.param,

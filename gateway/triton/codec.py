@@ -83,6 +83,7 @@ def decode_response(response: service_pb2.ModelInferResponse) -> tuple[Generatio
         stop_reason=extras.get("stop_reason"),
         ttft_ms=extras.get("ttft_ms"),
         tpot_ms=extras.get("tpot_ms"),
+        cached_tokens=int(extras.get("cached_tokens") or 0),
     )
     return event, bool(final)
 

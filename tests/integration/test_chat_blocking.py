@@ -34,7 +34,8 @@ async def test_shape_ids_and_usage(gw):
         "logprobs": None,
         "finish_reason": "stop",
     }]
-    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     # what reached the model: the Triton name, the messages, the field that set the cap
     (call,) = gw.calls
     assert call.triton_model == TRITON_MODEL
@@ -64,7 +65,8 @@ async def test_n_choices_each_closed_and_usage_summed(gw):
     assert body["choices"][1]["message"] == {"role": "assistant", "content": "Bbb"}
     assert [c["finish_reason"] for c in body["choices"]] == ["stop", "length"]
     # completion tokens add up over the choices; the prompt counts once
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     assert gw.calls[0].req.n == 2
 
 

@@ -72,7 +72,8 @@ async def test_n_choices_role_once_each_and_per_index_closures(gw):
         assert mine[-1]["finish_reason"] is not None
     # the usage frame comes after every choice closed, sums completions, counts the prompt once
     assert usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+    assert usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     assert set(usage) == HEAD_KEYS | {"usage"}
 
 
@@ -88,7 +89,7 @@ async def test_usage_frame_is_last_before_done(gw):
     _, items = await stream_chat(gw, stream_options={"include_usage": True})
     assert items[-1] == DONE
     assert items[-2]["choices"] == [] and items[-2]["usage"] == {
-        "prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+        "prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}
     assert choice(items[-3])["finish_reason"] == "stop"
 
 

@@ -84,7 +84,8 @@ async def test_blocking_shape_ids_usage_and_what_reached_the_model(gw):
     assert body["model"] == MODEL
     assert FINGERPRINT.match(body["system_fingerprint"])
     assert body["choices"] == [{"index": 0, "text": "Hello world", "logprobs": None, "finish_reason": "stop"}]
-    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     (call,) = gw.calls
     assert call.triton_model == TRITON_MODEL and call.request_id == request_id
     # raw text, no chat template; OpenAI's default cap of 16 tokens
@@ -117,7 +118,8 @@ async def test_n_choices_and_finish_reasons(gw):
     body = (await complete(gw, n=2)).json()
     assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
         (0, "ONCE UPON/0", "stop"), (1, "ONCE UPON/1", "length")]
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     assert len(gw.calls) == 1 and gw.calls[0].req.n == 2
 
 
@@ -130,7 +132,8 @@ async def test_prompt_array_fans_out_one_engine_request_per_prompt(gw):
     assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
         (0, "A B C/0", "stop"), (1, "A B C/1", "length"), (2, "D/0", "stop"), (3, "D/1", "length")]
     # each engine request counts its own prompt: usage sums them, and every candidate's tokens
-    assert body["usage"] == {"prompt_tokens": 3 + 1, "completion_tokens": 5 + 5, "total_tokens": 14}
+    assert body["usage"] == {"prompt_tokens": 3 + 1, "completion_tokens": 5 + 5, "total_tokens": 14,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     assert sorted(c.req.prompt for c in gw.calls) == ["a b c", "d"]
     assert all(c.req.n == 2 and c.completed and c.closed for c in gw.calls)
     request_id = resp.headers["x-sie-request-id"]
@@ -194,7 +197,8 @@ async def test_stream_exact_sequence_with_usage(gw):
         {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"},
     ]
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2,
-                                                         "total_tokens": 5}
+                                                         "total_tokens": 5,
+                                                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert gw.calls[0].req.stream is True
 
 
@@ -216,7 +220,8 @@ async def test_stream_prompt_array_with_n_and_usage(gw):
             finishes.setdefault(c["index"], []).append(c["finish_reason"])
     assert texts == {0: "A B C/0", 1: "A B C/1", 2: "D/0", 3: "D/1"}
     assert finishes == {0: ["stop"], 1: ["length"], 2: ["stop"], 3: ["length"]}
-    assert usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 10, "total_tokens": 14}
+    assert usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 10, "total_tokens": 14,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     assert all(c.closed and c.completed for c in gw.calls)
 
 

@@ -49,7 +49,8 @@ def test_stream_usage_counts_each_prompt_once_however_many_candidates() -> None:
                                           completion_tokens=2))
     usage = renderer.usage_chunk()
     assert usage is not None and usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
+    assert usage["usage"] == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_stream_without_include_usage_has_no_usage_chunk() -> None:

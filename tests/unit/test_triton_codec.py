@@ -51,7 +51,8 @@ def test_encode_prompt_request():
     dtype, shape, raw = inputs["text_input"]
     assert (dtype, shape, _bytes_items(raw)) == ("BYTES", [1], [b"Hi"])
     assert inputs["stream"] == ("BOOL", [1], b"\x01")
-    assert json.loads(_bytes_items(inputs["sampling_parameters"][2])[0]) == {"max_tokens": 8, "n": 1}
+    assert json.loads(_bytes_items(inputs["sampling_parameters"][2])[0]) == {"max_tokens": 8, "n": 1,
+                                                                         "max_tokens_param": "max_tokens"}
     # the same bytes tritonclient would put on the wire
     assert raw == _triton_bytes(b"Hi")
 

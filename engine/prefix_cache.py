@@ -1,0 +1,121 @@
+"""Automatic prefix caching: the K/V of past prompts (and finished outputs), kept in token blocks.
+
+A prompt is cut into blocks of `block_tokens`; block i is keyed by the chain (key of block i-1, its own
+tokens), rooted in a salt that carries everything else the K/V depends on (the LoRA adapter, a digest of
+the image inputs). A new request copies the K/V of its longest cached chain into its KV slot and prefills
+only the rest. Entries store their tokens and parent key, so a hash collision can never share K/V
+between different token sequences. Blocks live in one preallocated pool; the least recently used are
+reused when it is full. Everything is plain tensor copies on the cache's device, so the GPU engine uses
+the same logic.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_cache import KVCache
+
+BlockKey = int
+
+
+@dataclass
+class _Block:
+    index: int  # row in the pool
+    parent: BlockKey | None
+    tokens: tuple[int, ...]
+
+
+class PrefixCache:
+    def __init__(self, cache: KVCache, capacity_tokens: int, block_tokens: int = 16) -> None:
+        layers, _, heads, _, dim = cache.k.shape
+        self.cache = cache
+        self.block_tokens = block_tokens
+        self.capacity = max(capacity_tokens // block_tokens, 0)
+        shape = (layers, self.capacity, heads, block_tokens, dim)
+        alloc = torch.empty if cache.k.device.type == "cpu" else torch.zeros  # see KVCache
+        self.k = alloc(shape, dtype=cache.k.dtype, device=cache.k.device)
+        self.v = alloc(shape, dtype=cache.v.dtype, device=cache.v.device)
+        self.blocks: collections.OrderedDict[BlockKey, _Block] = collections.OrderedDict()  # LRU first
+        self.free = list(range(self.capacity - 1, -1, -1))
+        self.hit_tokens = 0  # counters for metrics and benchmarks
+        self.queried_tokens = 0
+
+    def __bool__(self) -> bool:
+        return self.capacity > 0
+
+    def _chain(self, tokens: list[int], salt: object, limit: int):
+        """(key, parent key, block tokens) of each full block within the first `limit` tokens."""
+        parent: BlockKey | None = None
+        root = hash(("sie-prefix", salt))
+        for start in range(0, limit - self.block_tokens + 1, self.block_tokens):
+            block = tuple(tokens[start : start + self.block_tokens])
+            key = hash((root, parent, block))
+            yield key, parent, block
+            parent = key
+
+    def lookup(self, tokens: list[int], salt: object, touch: bool = True) -> list[int]:
+        """Pool rows of the longest cached chain of full blocks, leaving at least one token to prefill
+        (its logits start the generation). `touch=False` only peeks (no LRU update, no counting)."""
+        rows: list[int] = []
+        for key, parent, block in self._chain(tokens, salt, len(tokens) - 1):
+            entry = self.blocks.get(key)
+            if entry is None or entry.parent != parent or entry.tokens != block:
+                break
+            if touch:
+                self.blocks.move_to_end(key)
+            rows.append(entry.index)
+        if touch:
+            self.queried_tokens += len(tokens)
+            self.hit_tokens += len(rows) * self.block_tokens
+        return rows
+
+    def load(self, rows: list[int], slot: int) -> int:
+        """Copy the blocks into positions 0.. of `slot`; returns the number of positions filled."""
+        if not rows:
+            return 0
+        index = torch.tensor(rows, device=self.k.device)
+        length = len(rows) * self.block_tokens
+        for pool, cache in ((self.k, self.cache.k), (self.v, self.cache.v)):
+            picked = pool.index_select(1, index)  # [L, n, H, B, D]
+            layers, n, heads, block, dim = picked.shape
+            cache[:, slot, :, :length] = picked.permute(0, 2, 1, 3, 4).reshape(layers, heads, n * block, dim)
+        return length
+
+    def store(self, tokens: list[int], salt: object, slot: int, length: int) -> None:
+        """Keep the full blocks of the first `length` positions of `slot` (K/V already computed)."""
+        new: list[tuple[int, int]] = []  # (pool row, start position)
+        chain: set[BlockKey] = set()
+        for number, (key, parent, block) in enumerate(self._chain(tokens, salt, length)):
+            chain.add(key)
+            entry = self.blocks.pop(key, None)
+            if entry is not None and entry.parent == parent and entry.tokens == block:
+                self.blocks[key] = entry  # already cached: now the most recently used
+                continue
+            # a key collision (same hash, other tokens) takes over the colliding entry's row
+            row = entry.index if entry is not None else self._take_row(chain)
+            if row is None:
+                break
+            self.blocks[key] = _Block(row, parent, block)
+            new.append((row, number * self.block_tokens))
+        if new:
+            self._copy_in(new, slot)
+
+    def _take_row(self, chain: set[BlockKey]) -> int | None:
+        if self.free:
+            return self.free.pop()
+        oldest = next(iter(self.blocks), None)
+        if oldest is None or oldest in chain:
+            return None  # never evict the chain being stored: its first blocks are the useful ones
+        return self.blocks.pop(oldest).index  # least recently used; its children age out too
+
+    def _copy_in(self, new: list[tuple[int, int]], slot: int) -> None:
+        b = self.block_tokens
+        rows = torch.tensor([r for r, _ in new], device=self.k.device)
+        positions = torch.tensor([s + i for _, s in new for i in range(b)], device=self.k.device)
+        for pool, cache in ((self.k, self.cache.k), (self.v, self.cache.v)):
+            picked = cache[:, slot].index_select(2, positions)  # [L, H, n*B, D]
+            layers, heads, _, dim = picked.shape
+            pool.index_copy_(1, rows, picked.reshape(layers, heads, len(new), b, dim).permute(0, 2, 1, 3, 4))

@@ -1,0 +1,129 @@
+"""Automatic prefix caching: exact (same tokens with or without a hit), safe (only identical token
+sequences under the same adapter and image inputs share K/V) and bounded (LRU within its budget)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine.kv_cache import KVCache
+from engine.prefix_cache import PrefixCache
+from engine.sampling_params import SamplingParams
+
+from .engine_run import Run, greedy
+
+HISTORY = [
+    {"role": "system", "content": "You are a concise assistant who answers questions about geography and science."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+    {"role": "user", "content": "And which river flows through it?"},
+    {"role": "assistant", "content": "The Seine flows through Paris."},
+]
+
+
+@pytest.fixture(scope="module")
+def turns(real_engine) -> dict[str, list[int]]:
+    def render(question: str) -> list[int]:
+        return real_engine.encode_prompt(messages=[*HISTORY, {"role": "user", "content": question}])
+
+    return {"a": render("How long is that river?"), "b": render("Name a famous bridge over it."),
+            "c": render("Why is the sky blue?"),
+            "other": real_engine.encode_prompt(messages=[{"role": "user", "content": "Write a haiku about rain."}])}
+
+
+@pytest.fixture
+def cached_scheduler(real_engine):
+    from engine.scheduler import Scheduler
+
+    def make(capacity: int = 4096, slots: int = 8):
+        fwd = copy.copy(real_engine.forward)
+        fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 512, fwd.head_dim, fwd.dtype, fwd.device)
+        return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, prefix_cache_tokens=capacity)
+
+    return make
+
+
+def run_one(sched, rid: str, prompt: list[int], params: SamplingParams) -> Run:
+    run = Run(sched)
+    run.add(rid, prompt, params)
+    run.until_done()
+    return run
+
+
+def seeded() -> SamplingParams:
+    return SamplingParams(temperature=0.8, seed=42, max_tokens=12, ignore_eos=True)
+
+
+@pytest.mark.parametrize("params", [greedy(12, ignore_eos=True), seeded()], ids=["greedy", "seeded"])
+def test_a_cache_hit_gives_the_same_tokens(make_scheduler, cached_scheduler, turns, params):
+    reference = run_one(make_scheduler(), "b", turns["b"], copy.deepcopy(params))
+    sched = cached_scheduler()
+    run_one(sched, "a", turns["a"], copy.deepcopy(params))  # leaves the shared history in the cache
+    hit = run_one(sched, "b", turns["b"], copy.deepcopy(params))
+    shared = next(i for i, (x, y) in enumerate(zip(turns["a"], turns["b"], strict=False)) if x != y)
+    cached = hit.final("b").cached_tokens
+    assert shared - 16 < cached <= shared  # every full block of the shared history, nothing past it
+    assert hit.ids("b") == reference.ids("b")
+
+
+def test_a_finished_turn_caches_its_output_too(cached_scheduler, turns, real_engine):
+    sched = cached_scheduler()
+    first = run_one(sched, "a", turns["a"], greedy(24, ignore_eos=True))
+    follow_up = turns["a"] + first.ids("a") + turns["c"][-6:]  # the next turn starts with this one's output
+    again = run_one(sched, "f", follow_up, greedy(4, ignore_eos=True))
+    assert again.final("f").cached_tokens > len(turns["a"])
+
+
+def test_no_sharing_across_adapters_or_changed_tokens(cached_scheduler, turns):
+    sched = cached_scheduler()
+    run_one(sched, "a", turns["a"], greedy(2))
+    cache = sched.prefix_cache
+    assert cache.lookup(turns["a"], (None, None), touch=False)
+    assert not cache.lookup(turns["a"], ("pirate", None), touch=False)  # another adapter: other K/V
+    assert not cache.lookup(turns["a"], (None, "image-digest"), touch=False)  # image inputs are in the key
+    changed = list(turns["a"])
+    changed[20] += 1  # block 1 differs: only block 0 may be shared
+    assert len(cache.lookup(changed, (None, None), touch=False)) == 1
+
+
+def test_image_inputs_salt_the_key(make_scheduler):
+    from engine.sequence import EngineRequest, SequenceGroup
+
+    ids = list(range(1, 40))
+    sched = make_scheduler()
+    embeds = sched.forward.embed[torch.tensor(ids)].clone()
+    other = embeds.clone()
+    other[5] += 1.0
+    salts = [sched._cache_salt(SequenceGroup(EngineRequest("x", ids, SamplingParams(), print, prompt_embeds=e)))
+             for e in (embeds, embeds.clone(), other)]
+    assert salts[0] == salts[1] != salts[2]
+
+
+def test_lru_eviction_stays_within_the_budget(cached_scheduler, turns):
+    sched = cached_scheduler(capacity=64)  # 4 blocks of 16 tokens, fewer than one prompt has
+    cache = sched.prefix_cache
+    run_one(sched, "a", turns["a"], greedy(1))
+    assert len(cache.blocks) == 4 and not cache.free
+    # a long prompt keeps its first blocks (it never evicts its own chain's root)
+    assert len(cache.lookup(turns["c"], (None, None), touch=False)) == 4
+    run_one(sched, "o", turns["other"], greedy(1))  # an unrelated prompt: the least recently used go
+    assert len(cache.blocks) == 4
+    assert cache.lookup(turns["other"], (None, None), touch=False)
+    assert not cache.lookup(turns["a"], (None, None), touch=False)
+
+
+def test_pool_round_trip_is_exact(real_engine):
+    fwd = real_engine.forward
+    kv = KVCache(2, 2, fwd.n_kv, 64, fwd.head_dim, torch.float32, "cpu")
+    kv.k.normal_()
+    kv.v.normal_()
+    cache = PrefixCache(kv, capacity_tokens=64, block_tokens=8)
+    tokens = list(range(100, 140))
+    cache.store(tokens, None, slot=0, length=33)  # 4 full blocks of 8
+    rows = cache.lookup(tokens, None)
+    assert len(rows) == 4
+    assert cache.load(rows, slot=1) == 32
+    torch.testing.assert_close(kv.k[:, 1, :, :32], kv.k[:, 0, :, :32], rtol=0, atol=0)
+    torch.testing.assert_close(kv.v[:, 1, :, :32], kv.v[:, 0, :, :32], rtol=0, atol=0)
