@@ -135,13 +135,13 @@ def test_models_retrieve_by_canonical_and_safe_id(openai_client):
         openai_client.models.retrieve("nope/nothing")
 
 
-def test_a_repeated_history_is_served_from_the_prefix_cache(client):
+def test_a_repeated_history_is_served_from_the_prefix_cache(openai_client):
     history = [{"role": "system", "content": "You answer in one short sentence. " * 8},
                {"role": "user", "content": "Name a planet."}, {"role": "assistant", "content": "Mars."}]
-    first = client.chat.completions.create(model=MODEL, messages=[*history, {"role": "user", "content": "Another?"}],
-                                           max_tokens=4, temperature=0)
-    second = client.chat.completions.create(model=MODEL, messages=[*history, {"role": "user", "content": "A moon?"}],
-                                            max_tokens=4, temperature=0)
+    first = openai_client.chat.completions.create(
+        model=MODEL, messages=[*history, {"role": "user", "content": "Another?"}], max_tokens=4, temperature=0)
+    second = openai_client.chat.completions.create(
+        model=MODEL, messages=[*history, {"role": "user", "content": "A moon?"}], max_tokens=4, temperature=0)
     assert first.usage.prompt_tokens > 64
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert 64 <= cached < second.usage.prompt_tokens  # whole 16-token blocks of the shared history
