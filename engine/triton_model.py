@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Python backend stub
 
+from engine.cancel_probe import CancelProbe
 from engine.engine import EngineConfig, LLMEngine
 from engine.error_codes import lookup
 from engine.errors import EngineError
@@ -140,7 +141,7 @@ class TritonPythonModel:
             params=params,
             on_output=partial(self._enqueue, reply),
             stream=_input_bool(request, "stream"),
-            is_cancelled=request.is_cancelled,
+            is_cancelled=CancelProbe(request.is_cancelled),  # a server round trip: rate-limited
             grammar=self.engine.grammar_factory(params),
             prompt_param="messages" if messages is not None else "prompt",
         )
