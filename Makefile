@@ -7,7 +7,7 @@ MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
 GATEWAY_PORT ?= 8080
 export SIE_MODEL_CACHE
 
-.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer loadtest soak lint clean
+.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer bench-gpu gpu-carry loadtest soak lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,16 @@ bench: model  ## engine and gateway benchmarks (ratios measured side by side)
 bench-peer: model  ## our stack against vLLM's CPU build, same model, same openai-SDK client
 	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
 	$(PY) -m bench.peer
+
+# Issue 12: the engine against HF on a GPU (random bf16 weights from configs; under 6 minutes on an H200).
+# BENCH_GPU_ARGS=--tiny dry-runs it on the CPU with tiny configs. For the device machine, `make gpu-carry`
+# prepares .cache/gpu-carry (cp312 wheels + tokenizer); there: bash bench/gpu_device_run.sh device all.
+BENCH_GPU_ARGS ?=
+bench-gpu: install  ## GPU benchmark: engine vs HF generate / static batch / generate_batch (needs CUDA; --tiny: CPU)
+	$(PY) -m bench.gpu $(BENCH_GPU_ARGS)
+
+gpu-carry: install  ## wheels and tokenizer the GPU device lacks, under .cache/gpu-carry (< 64 MiB)
+	bash bench/gpu_device_run.sh prepare
 
 LOADTEST_USERS ?= 8
 LOADTEST_DURATION ?= 60s

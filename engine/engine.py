@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from engine.chat import render_chat
+from engine.cuda_graphs import DecodeGraphs
 from engine.errors import EngineError, QueueFull
 from engine.forward import DecoderForward
 from engine.grammar import GrammarCompilerCache
@@ -27,6 +28,12 @@ from engine.vision import VisionPrompter
 
 log = logging.getLogger(__name__)
 
+# On a GPU the host only launches kernels and handles small per-step lists. A full intra-op pool there is the
+# suspect for launches ~5x slower inside the engine (issue 12: its workers spin after host-side tensor work and
+# compete with the launching thread); vLLM sets OMP_NUM_THREADS=1 by default against the same contention.
+# To confirm on the device: bench/gpu.py's levers line (an eager step after host work with every thread).
+CUDA_HOST_THREADS = 1
+
 
 @dataclass
 class EngineConfig:
@@ -37,11 +44,12 @@ class EngineConfig:
     max_queue: int = 256
     device: str = "cpu"
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    threads: int | None = None
+    threads: int | None = None  # intra-op host threads; None: torch's default on CPU, CUDA_HOST_THREADS on a GPU
     lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
     kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
     prefix_cache_tokens: int = 8192  # K/V of past prompts kept for reuse (automatic prefix caching; 0: off)
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
+    cuda_graphs: bool = True  # on a GPU, replay decode steps from captured CUDA graphs (engine.cuda_graphs)
 
 
 def _resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -51,15 +59,22 @@ def _resolve_dtype(config: EngineConfig) -> torch.dtype:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: tuple[torch.nn.Module, Any, Any] | None = None) -> None:
+        """`loaded`: (model, tokenizer, processor) already in memory (benchmarks on random weights); else
+        they are loaded from `config.model_path`."""
         self.config = config
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        on_gpu = config.device.startswith("cuda")
+        threads = config.threads or (CUDA_HOST_THREADS if on_gpu else None)
+        if threads:
+            torch.set_num_threads(threads)
         # a vision-language model (config with vision_config) comes with its processor; text models with None
         self.vision: VisionPrompter | None = None
-        model, self.tokenizer, processor = load_model(config.model_path, _resolve_dtype(config), config.device)
+        model, self.tokenizer, processor = loaded or load_model(config.model_path, _resolve_dtype(config),
+                                                                config.device)
         self.model = model
         self.forward = DecoderForward(model, config.max_slots, config.max_len)
+        if on_gpu and config.cuda_graphs:
+            self.forward.graphs = DecodeGraphs(self.forward)
         if processor is not None:
             self.vision = VisionPrompter(model, processor, self.tokenizer, self.forward.embed)
         self.forward.adapters = load_adapters(model, config.lora_paths or {})

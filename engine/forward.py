@@ -11,6 +11,7 @@ per-head q/k RMSNorm), which covers the served models; others are rejected at lo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,10 @@ from engine.kv_cache import KVCache
 from engine.linear_kernels import choose_kind, linear, pack
 from engine.lora import AdapterTable, LoraBatch
 from engine.model_loading import language_model
+from engine.staging import stage
+
+if TYPE_CHECKING:
+    from engine.cuda_graphs import DecodeGraphs
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -86,6 +91,7 @@ class DecoderForward:
         )
         self._build_rope(config, max_len)
         self.adapters: AdapterTable = {}
+        self.graphs: DecodeGraphs | None = None  # CUDA-graph replay of decode steps (engine.cuda_graphs)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.mlp_splits = [config.intermediate_size, config.intermediate_size]
 
@@ -173,11 +179,11 @@ class DecoderForward:
         n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
-        h = self.embed[torch.tensor(token_ids, device=self.device)] if embeds is None else embeds.to(self.device)
+        h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None else embeds.to(self.device)
         # every token of the chunk runs on the adapter
         lora = LoraBatch(self.adapters, [adapter] * n, self.device) if adapter else None
-        # causal over the chunk, full over the cached prefix
-        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        # causal over the chunk, full over the cached prefix; a fresh prompt needs no mask tensor at all
+        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start) if start else None
         kc, vc = self.cache.k, self.cache.v
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
@@ -188,6 +194,7 @@ class DecoderForward:
                 kc[i, slot : slot + 1, :, :end],
                 vc[i, slot : slot + 1, :, :end],
                 attn_mask=mask,
+                is_causal=mask is None,
                 enable_gqa=True,
             )
             h = h + self._o_proj(w, attn[0].transpose(0, 1).reshape(n, -1), lora, i)
@@ -203,12 +210,9 @@ class DecoderForward:
         """
         k, longest = len(prompts), max(len(p) for p in prompts)
         # one host->device copy of the padded ids, the lengths and the slots
-        host = torch.zeros(k, longest + 2, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            host[row, : len(prompt)] = torch.tensor(prompt)
-            host[row, longest], host[row, longest + 1] = len(prompt), slots[row]
-        host = host.to(self.device)
-        ids, lengths, slot_index = host[:, :longest], host[:, longest], host[:, longest + 1]
+        table = stage([p + [0] * (longest - len(p)) + [len(p), s] for p, s in zip(prompts, slots, strict=True)],
+                      torch.long, self.device)
+        ids, lengths, slot_index = table[:, :longest], table[:, longest], table[:, longest + 1]
         positions = torch.arange(longest, device=self.device).repeat(k)
         h = self.embed[ids.reshape(-1)]
         row_adapters = [a for a in adapters for _ in range(longest)]
@@ -234,16 +238,28 @@ class DecoderForward:
     def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None
                ) -> torch.Tensor:
         """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
-        b = len(token_ids)
-        span = max(positions) + 1
-        inputs = torch.tensor([token_ids, positions], device=self.device)  # one host->device copy
-        token_tensor, positions_t = inputs[0], inputs[1]
-        lora = LoraBatch(self.adapters, adapters, self.device) if adapters and any(adapters) else None
+        with_lora = bool(adapters and any(adapters))
+        if self.graphs is not None and not with_lora:  # replayed from a captured CUDA graph (engine.cuda_graphs)
+            logits = self.graphs.decode(token_ids, positions)
+            if logits is not None:
+                return logits
+        inputs = stage([token_ids, positions], torch.long, self.device)  # one host->device copy
+        lora = LoraBatch(self.adapters, adapters, self.device) if adapters and with_lora else None
+        # every row at the same position attends to the whole span: no mask to build or read
+        full = min(positions) == max(positions)
+        return self.decode_tensors(inputs[0], inputs[1], max(positions) + 1, lora, masked=not full)
+
+    def decode_tensors(self, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
+                       lora: LoraBatch | None = None, masked: bool = True) -> torch.Tensor:
+        """The decode step on device tensors, with no host sync (so a CUDA graph can capture it): `span`
+        cache positions are read, and each row attends to its own filled prefix only when `masked`."""
+        b = token_tensor.shape[0]
         rows = torch.arange(b, device=self.device)
         h = self.embed[token_tensor]
         group = self.n_heads // self.n_kv
         # [B, 1, 1, span]: each row attends to its own filled prefix only
-        mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :]
+        mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
+            if masked else None
         kc, vc = self.cache.k, self.cache.v
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions_t, lora, i)

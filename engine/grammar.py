@@ -27,6 +27,10 @@ class GrammarState:
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
 
     def apply_mask(self, logits_row: torch.Tensor) -> None:
+        if logits_row.device.type == "cuda" and not self.bitmask.is_pinned():
+            # pinned, so the copy below queues behind the forward without a host sync; the buffer is refilled
+            # only in a later step, after that step's read of the sampled ids has waited for the copy
+            self.bitmask = self.bitmask.pin_memory()
         self.matcher.fill_next_token_bitmask(self.bitmask)
         bitmask = self.bitmask if logits_row.device.type == "cpu" else self.bitmask.to(logits_row.device,
                                                                                         non_blocking=True)

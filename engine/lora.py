@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.staging import stage
+
 # module name -> (fused weight it lives in, index of its slice there)
 _FUSED = {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2),
           "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "o_proj": ("o_proj", 0), "down_proj": ("down", 0)}
@@ -71,7 +73,7 @@ class LoraBatch:
         self.groups: list[tuple[torch.Tensor | slice, list]] = []
         for name, rows in groups.items():
             # every row on one adapter (a single prompt's chunk): a plain slice, no gather/scatter
-            index = slice(None) if len(rows) == len(row_adapters) else torch.tensor(rows, device=device)
+            index = slice(None) if len(rows) == len(row_adapters) else stage(rows, torch.long, device)
             self.groups.append((index, table[name]))
 
     def __bool__(self) -> bool:

@@ -9,13 +9,14 @@ own `torch.Generator`, so a seeded request samples the same tokens alone or in a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.staging import row_index, stage
 
 LOGPROB_FLOOR = -9999.0  # -inf is not valid JSON; clamp like other OpenAI-compatible servers
 
@@ -28,8 +29,8 @@ class SamplerRow(Protocol):
     output_ids: list[int]
     prompt_ids: list[int]
 
-    def token_counts(self, vocab: int) -> torch.Tensor: ...
-    def prompt_mask(self, vocab: int) -> torch.Tensor: ...
+    def token_counts(self, vocab: int, device: torch.device | str = ...) -> torch.Tensor: ...
+    def prompt_mask(self, vocab: int, device: torch.device | str = ...) -> torch.Tensor: ...
 
 
 GrammarMask = Callable[[torch.Tensor], None]  # applies a row's allowed-token mask in place to [V] logits
@@ -47,19 +48,20 @@ class Sampler:
     def __init__(self, vocab_size: int, stop_token_ids: set[int]) -> None:
         self.vocab_size = vocab_size
         self.stop_token_set = frozenset(stop_token_ids)
-        self.stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long)
+        self.stop_ids = sorted(stop_token_ids)
 
     @torch.inference_mode()
     def sample(
         self,
         logits: torch.Tensor,
-        rows: list[SamplerRow],
+        rows: Sequence[SamplerRow],
         grammar_masks: dict[int, GrammarMask] | None = None,
     ) -> SampleOutput:
         """logits: [B, V] float32 for the B rows (modified in place), on any device.
 
-        Every tensor is made on the logits' device; the chosen ids and logprobs cross to the host in
-        one transfer (plus one for top logprobs when a row asked for them).
+        Every tensor is made on the logits' device (host lists are staged without a sync, see
+        engine.staging); the chosen ids, their logprobs and any top logprobs cross to the host in one
+        transfer, the step's only sync.
         """
         vocab = logits.shape[-1]
         raw_logprobs = torch.log_softmax(logits, dim=-1)
@@ -75,19 +77,25 @@ class Sampler:
         self._mask_stop_tokens(logits, rows)
         tokens = self._choose(logits, rows)
         chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0].clamp(min=LOGPROB_FLOOR)
-        ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
-        top: list[list[tuple[int, float]] | None] = [None] * len(rows)
+        b = len(rows)
+        parts = [tokens.double(), chosen.double()]  # float64 holds every token id exactly
         want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
+        k = max((rows[i].params.top_logprobs for i in want_top), default=0)
         if want_top:
-            k = max(rows[i].params.top_logprobs for i in want_top)
-            values, top_ids = raw_logprobs[want_top].topk(k, dim=-1)
-            values, top_ids = values.clamp(min=LOGPROB_FLOOR).tolist(), top_ids.tolist()
-            for j, i in enumerate(want_top):
-                kk = rows[i].params.top_logprobs
-                top[i] = list(zip(top_ids[j][:kk], values[j][:kk], strict=True))
+            top_values, top_index = raw_logprobs[row_index(want_top, b, logits.device)].topk(k, dim=-1)
+            parts += [top_index.double().flatten(), top_values.clamp(min=LOGPROB_FLOOR).double().flatten()]
+        host = torch.cat(parts).tolist()  # the one device -> host transfer of the step
+        ids, logprobs = host[:b], host[b : 2 * b]
+        top: list[list[tuple[int, float]] | None] = [None] * b
+        n_top = len(want_top) * k
+        top_ids, values = host[2 * b : 2 * b + n_top], host[2 * b + n_top :]
+        for j, i in enumerate(want_top):
+            kk = rows[i].params.top_logprobs
+            top[i] = [(int(t), v) for t, v in zip(top_ids[j * k : j * k + kk], values[j * k : j * k + kk],
+                                                    strict=True)]
         return SampleOutput(tokens=[int(t) for t in ids], logprobs=logprobs, top=top, row_errors=row_errors)
 
-    def _mask_stop_tokens(self, logits: torch.Tensor, rows: list[SamplerRow]) -> None:
+    def _mask_stop_tokens(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> None:
         """min_tokens bans EOS and the request's stop ids until reached; ignore_eos bans EOS. A ban never
         empties a row: when a grammar allows nothing but the end, the candidate ends (finish `stop`)."""
         early = [len(r.output_ids) < r.params.min_tokens for r in rows]
@@ -95,49 +103,53 @@ class Sampler:
         if not banned_rows:
             return
         vocab, device = logits.shape[-1], logits.device
-        ban = torch.zeros(len(banned_rows), vocab, dtype=torch.bool)
-        ban[:, self.stop_ids[self.stop_ids < vocab]] = True
+        # the (row, token) pairs to ban cross to the device in one small copy; the mask is made there
+        pairs: list[tuple[int, int]] = []
         for j, i in enumerate(banned_rows):
-            extra = [t for t in rows[i].params.stop_token_ids if 0 <= t < vocab] if early[i] else []
-            if extra:
-                ban[j, extra] = True
-        sub = logits[banned_rows]
-        kept = sub.masked_fill(ban.to(device), float("-inf"))
-        logits[banned_rows] = torch.where(torch.isfinite(kept).any(dim=-1, keepdim=True), kept, sub)
+            extra = rows[i].params.stop_token_ids if early[i] else []
+            pairs += [(j, t) for t in {*self.stop_ids, *extra} if 0 <= t < vocab]
+        ban = torch.zeros(len(banned_rows), vocab, dtype=torch.bool, device=device)
+        if pairs:
+            where = stage(pairs, torch.long, device)
+            ban[where[:, 0], where[:, 1]] = True
+        index = row_index(banned_rows, len(rows), device)
+        sub = logits[index]
+        kept = sub.masked_fill(ban, float("-inf"))
+        logits[index] = torch.where(torch.isfinite(kept).any(dim=-1, keepdim=True), kept, sub)
 
-    def _apply_bias_and_penalties(self, logits: torch.Tensor, rows: list[SamplerRow], vocab: int,
+    def _apply_bias_and_penalties(self, logits: torch.Tensor, rows: Sequence[SamplerRow], vocab: int,
                                   row_errors: dict[int, Exception]) -> None:
         device = logits.device
+        # every row's bias in one staged (row, token, value) table and one scatter-add
+        bias: list[tuple[int, int, float]] = []
         for i, row in enumerate(rows):
-            p = row.params
-            if p.logit_bias:
-                try:
-                    ids = torch.tensor([t for t in p.logit_bias if 0 <= t < vocab], dtype=torch.long,
-                                       device=device)
-                    vals = torch.tensor([v for t, v in p.logit_bias.items() if 0 <= t < vocab],
-                                        dtype=logits.dtype, device=device)
-                    logits[i].index_add_(0, ids, vals)
-                except Exception as exc:
-                    row_errors[i] = exc
+            try:
+                bias += [(i, int(t), float(v)) for t, v in row.params.logit_bias.items() if 0 <= t < vocab]
+            except Exception as exc:
+                row_errors[i] = exc
+        if bias:
+            table = stage(bias, torch.float64, device)  # ids < 2**53 are exact in float64
+            logits.index_put_((table[:, 0].long(), table[:, 1].long()), table[:, 2].to(logits.dtype),
+                              accumulate=True)
         penalised = [i for i, r in enumerate(rows) if r.params.uses_penalties]
         if not penalised:
             return
-        sub = logits[penalised]
-        counts = torch.stack([rows[i].token_counts(vocab) for i in penalised]).to(device)
-        settings = torch.tensor([[rows[i].params.repetition_penalty, rows[i].params.presence_penalty,
-                                  rows[i].params.frequency_penalty] for i in penalised],
-                                dtype=logits.dtype, device=device)
+        index = row_index(penalised, len(rows), device)
+        sub = logits[index]
+        counts = torch.stack([rows[i].token_counts(vocab, device) for i in penalised])
+        settings = stage([[rows[i].params.repetition_penalty, rows[i].params.presence_penalty,
+                           rows[i].params.frequency_penalty] for i in penalised], logits.dtype, device)
         rep, pres, freq = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
         if any(rows[i].params.repetition_penalty != 1.0 for i in penalised):
             # HF/vLLM definition: over prompt and output tokens, shrink toward zero
-            seen = torch.stack([rows[i].prompt_mask(vocab) for i in penalised]).to(device) | (counts > 0)
+            seen = torch.stack([rows[i].prompt_mask(vocab, device) for i in penalised]) | (counts > 0)
             scaled = torch.where(sub > 0, sub / rep, sub * rep)
             sub = torch.where(seen, scaled, sub)
         # OpenAI definition: over generated tokens only
         sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
-        logits[penalised] = sub
+        logits[index] = sub
 
-    def _choose(self, logits: torch.Tensor, rows: list[SamplerRow]) -> torch.Tensor:
+    def _choose(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> torch.Tensor:
         """Greedy rows take the argmax; sampled rows draw by inverse CDF with one uniform from their own
         generator (a vectorised `searchsorted`, far cheaper than a multinomial per row). The uniforms
         are drawn on the host from each row's own generator, so a seeded row draws the same alone, in
@@ -149,13 +161,15 @@ class Sampler:
         device = logits.device
         vocab = logits.shape[-1]
         params = [rows[i].params for i in sampled]
-        host = torch.tensor([[p.temperature, p.top_p, p.top_k if 0 < p.top_k < vocab else vocab] for p in params],
-                            dtype=torch.float64)
-        uniform = torch.cat([torch.rand(1, generator=rows[i].generator, dtype=torch.float64) for i in sampled])
-        settings = torch.cat([host, uniform[:, None]], dim=1).to(device)
+        # one uniform per row from its own host generator, staged with the row settings in one copy
+        draws = [torch.rand(1, generator=rows[i].generator, dtype=torch.float64, device="cpu").item()
+                 for i in sampled]
+        settings = stage([[p.temperature, p.top_p, p.top_k if 0 < p.top_k < vocab else vocab, u]
+                          for p, u in zip(params, draws, strict=True)], torch.float64, device)
         temps, top_ps = settings[:, 0:1].to(logits.dtype), settings[:, 1].to(logits.dtype)
         top_ks, uniform = settings[:, 2].long(), settings[:, 3].to(logits.dtype)
-        sub = logits[sampled] / temps
+        index = row_index(sampled, len(rows), device)
+        sub = logits[index] / temps
         uses_top_p = any(p.top_p < 1.0 for p in params)
         width = max(p.top_k if 0 < p.top_k < vocab else vocab for p in params)
         if uses_top_p or width < vocab:
@@ -174,5 +188,5 @@ class Sampler:
             probs = torch.softmax(sub, dim=-1)
         cdf = probs.cumsum(dim=-1)
         picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
-        tokens[sampled] = picks[:, 0]
+        tokens[index] = picks[:, 0]
         return tokens

@@ -23,14 +23,14 @@ class FakeRow:
         self.output_ids = list(output_ids)
         self.prompt_ids = list(prompt_ids)
 
-    def token_counts(self, vocab: int) -> torch.Tensor:
-        counts = torch.zeros(vocab)
+    def token_counts(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        counts = torch.zeros(vocab, device=device)
         for t in self.output_ids:
             counts[t] += 1
         return counts
 
-    def prompt_mask(self, vocab: int) -> torch.Tensor:
-        mask = torch.zeros(vocab, dtype=torch.bool)
+    def prompt_mask(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        mask = torch.zeros(vocab, dtype=torch.bool, device=device)
         mask[self.prompt_ids] = True
         return mask
 

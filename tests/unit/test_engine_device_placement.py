@@ -1,0 +1,127 @@
+"""Every tensor a step builds is made on the forward's device (issue 12).
+
+CPU CI has no second device, so the steps run under `ImplicitDeviceFactories` (tests/unit/device_check.py):
+any engine factory call (torch.tensor/zeros/arange/rand...) without an explicit `device=` is reported, since on
+a GPU it would land on the host. The requests cover every path of a step: batched and single (chunked)
+prefill, n > 1 forks, decode, slot compaction on retire, every sampler feature, grammar, LoRA rows, and the
+one-by-one fallbacks after a failed batched prefill/decode.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from engine.sampling_params import GrammarRequest, SamplingParams
+from engine.sequence import Sequence
+
+from .conftest import MODEL_DIR
+from .device_check import ENGINE_DIR, ImplicitDeviceFactories
+from .engine_run import PROMPTS, Run, greedy
+
+ADAPTER_DIR = MODEL_DIR.parent / "smollm2-lora-pirate"
+
+
+@pytest.fixture(scope="module")
+def prompts(real_engine) -> list[list[int]]:
+    return [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def adapters(real_engine):
+    if not (ADAPTER_DIR / ".complete").exists():
+        pytest.skip(f"demo adapter not built at {ADAPTER_DIR} (run `make model`)")
+    from engine.lora import load_adapters
+
+    table = load_adapters(real_engine.model, {"pirate": str(ADAPTER_DIR)})
+    table["doomed"] = table["pirate"]  # removed mid-run to make a batched step fail
+    return table
+
+
+def _scheduler(real_engine, adapters, slots: int = 8, prefill_budget: int = 512):
+    from engine.kv_cache import KVCache
+    from engine.scheduler import Scheduler
+
+    fwd = copy.copy(real_engine.forward)
+    fwd.adapters = dict(adapters)
+    fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 256, fwd.head_dim, fwd.dtype, fwd.device)
+    return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+
+
+def _every_feature(seed: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=seed, max_tokens=6, logprobs=True,
+                          top_logprobs=3, logit_bias={28: -100.0, 30: 2.0}, presence_penalty=0.5,
+                          frequency_penalty=0.3, repetition_penalty=1.1, min_tokens=3, stop_token_ids=[13])
+
+
+def _run_all_paths(real_engine, adapters, prompts) -> Run:
+    run = Run(_scheduler(real_engine, adapters))
+    regex = real_engine.grammar_factory(SamplingParams(grammar=GrammarRequest(kind="regex", value="[a-z ]+")))
+    # one batched prefill: plain greedy + logprobs, every sampler feature (n=2 forks a slot), LoRA, grammar
+    run.add("greedy", prompts[0], greedy(4, logprobs=True, top_logprobs=2, ignore_eos=True))
+    run.add("features", prompts[1], dataclasses.replace(_every_feature(7), n=2))
+    run.add("lora", prompts[2], greedy(5, lora_adapter="pirate", ignore_eos=True))
+    run.add("grammar", prompts[3], SamplingParams(temperature=1.0, seed=3, max_tokens=5), grammar=regex)
+    run.step()
+    # a long prompt prefilled in chunks (the single-prompt path) while the others decode
+    run.sched.prefill_budget = 16
+    run.add("chunked", prompts[0] + prompts[1], _every_feature(11))
+    for _ in range(3):
+        run.step()
+    run.sched.prefill_budget = 512
+    # a batched decode that fails (its adapter is gone): rows are retried one by one
+    run.add("doomed", prompts[1], greedy(8, lora_adapter="doomed", ignore_eos=True))
+    run.add("batched2", prompts[2], greedy(3, ignore_eos=True))
+    run.step()
+    del run.sched.forward.adapters["doomed"]
+    run.step()
+    # a batched prefill that fails: prompts are prefilled one by one
+    run.sched.forward.adapters["doomed"] = adapters["doomed"]
+    run.add("doomed2", prompts[0], greedy(3, lora_adapter="doomed"))
+    run.add("alone-ok", prompts[3], _every_feature(5))
+    del run.sched.forward.adapters["doomed"]
+    run.until_done()
+    return run
+
+
+def test_no_step_builds_a_tensor_off_the_forwards_device(real_engine, adapters, prompts):
+    with ImplicitDeviceFactories() as check:
+        run = _run_all_paths(real_engine, adapters, prompts)
+    # the run really went through every path (so an empty report means something)
+    finals = {rid: run.final(rid) for rid in run.outputs}
+    assert finals["doomed"].error is not None and finals["doomed2"].error is not None
+    for rid in ("greedy", "features", "lora", "grammar", "chunked", "batched2", "alone-ok"):
+        assert finals[rid].error is None, (rid, finals[rid].error)
+    assert len([o for o in run.finals("features")]) == 1 and ("features", 1) in run.tokens
+    assert finals["greedy"].completion_tokens == 4 and finals["lora"].completion_tokens == 5
+    assert check.found == [], "tensors built without device= (they land on the host on a GPU):\n" + "\n".join(
+        sorted(set(check.found)))
+
+
+_PLANTED = """
+def token_counts(self, vocab, device="cpu"):
+    counts = torch.zeros(vocab)  # implicit: on a GPU this is a host tensor
+    for t in self.output_ids:
+        counts[t] += 1
+    return counts
+"""
+
+
+def test_the_check_catches_an_implicit_factory_in_engine_code(real_engine, adapters, prompts, monkeypatch):
+    # the same code with an engine file name is reported; from a test file (library-like) it is not
+    with ImplicitDeviceFactories() as check:
+        exec(compile("torch.arange(3)\ntorch.arange(3, device='cpu')", str(ENGINE_DIR / "planted.py"), "exec"),
+             {"torch": torch})
+        torch.arange(3)
+    assert check.found == ["engine/planted.py:1 torch.arange"]
+
+    # planted in a real step path (the penalty counts): the full run reports it, with its place
+    scope: dict = {"torch": torch}
+    exec(compile(_PLANTED, str(ENGINE_DIR / "sequence.py"), "exec"), scope)
+    monkeypatch.setattr(Sequence, "token_counts", scope["token_counts"])
+    with ImplicitDeviceFactories() as check:
+        _run_all_paths(real_engine, adapters, prompts)
+    assert check.found and set(check.found) == {"engine/sequence.py:3 torch.zeros"}
