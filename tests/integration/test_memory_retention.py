@@ -1,0 +1,77 @@
+"""The gateway keeps nothing per request (issue 11 soak): after a warm-up, a thousand more requests (both
+contracts, streamed and blocking, errors included) leave no growing label sets, caches, queues or tasks.
+
+Requests go straight to the ASGI app (no HTTP client whose own caches would blur the count)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import tracemalloc
+from typing import Any
+
+from tests.integration.conftest import MODEL, SIE_MODEL, tokens
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def _call(app: Any, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "server": ("gateway", 80), "client": ("127.0.0.1", 5000),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())],
+    }
+    status = 0
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop() if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+def _native(**body: Any) -> bytes:
+    return json.dumps({"prompt": "x", "max_new_tokens": 30, **body}).encode()
+
+
+async def _traffic(gw, rounds: int) -> None:
+    app = gw.app
+    for i in range(rounds):
+        statuses = [
+            await _call(app, "/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode()),
+            await _call(app, "/v1/chat/completions", json.dumps({**CHAT, "user": f"user-{i}"}).encode()),
+            await _call(app, f"/v1/generate/{SIE_MODEL}", _native(stream=True, routing_key=f"k{i}")),
+            await _call(app, f"/v1/generate/{SIE_MODEL}", _native(options={"overall_timeout_s": 30})),
+            await _call(app, f"/v1/generate/acme__Nope-{i}", b"{}"),  # a distinct unknown id per request
+            await _call(app, "/v1/generate/x", b"{", {"X-SIE-SDK-Version": f"0.{i}.0"}),
+        ]
+        assert statuses == [200, 200, 200, 200, 404, 404], statuses
+        for fake in gw.fakes.values():
+            fake.calls.clear()  # the fake's own record of calls is not the gateway's
+
+
+async def test_requests_leave_nothing_behind(gw):
+    gw.fake().script = lambda req: tokens(*["tok"] * 20)
+    await _traffic(gw, 100)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        await _traffic(gw, 170)  # ~1,000 requests
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    stats = after.filter_traces([tracemalloc.Filter(False, "*/tracemalloc.py")]).compare_to(
+        before.filter_traces([tracemalloc.Filter(False, "*/tracemalloc.py")]), "lineno")
+    growth = sum(stat.size_diff for stat in stats)
+    # measured: about 4 kB of event-loop noise; one leaked path string per request is about 65 kB
+    assert growth < 30_000, f"the gateway kept {growth} bytes over ~1,000 requests: {[str(s) for s in stats[:5]]}"
