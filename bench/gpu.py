@@ -18,8 +18,8 @@ Figures per model (tok/s = generated tokens over wall time from submission to th
   step_b1_ms       the engine's time per output token of a lone request (decode step + sampling + outputs).
   levers           forward-only decode step times: eager vs CUDA graph, and eager with a full host thread pool
                    after host-side tensor work (the suspect for "every launch 5x slower inside the engine").
-The summary lines printed last are for the last model (the 4B body on the device); roofline_frac is tok/s over
-(4.8 TB/s / weight bytes read per token).
+The summary lines printed last are for the 4B body (the last model with --tiny); roofline_frac is tok/s over
+(4.8 TB/s / weight bytes read per token). The 4B body runs first, so a run cut short still has its figures.
 
 Run on the device: bench/gpu_device_run.sh (carried wheels + tokenizer). Dry run on CPU with tiny configs:
 `.venv/bin/python -m bench.gpu --tiny` (about a minute).
@@ -28,6 +28,8 @@ Run on the device: bench/gpu_device_run.sh (carried wheels + tokenizer). Dry run
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import json
 import os
 import queue
@@ -55,7 +57,9 @@ QWEN3_4B_BODY = dict(model_type="qwen3", vocab_size=49152, hidden_size=2560, int
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
                      tie_word_embeddings=True)
-MODELS = {"smollm2-135m": SMOLLM2, "qwen3-4b-body": QWEN3_4B_BODY}
+# the 4B body first: its figures are the goal and must survive a run cut short
+MODELS = {"qwen3-4b-body": QWEN3_4B_BODY, "smollm2-135m": SMOLLM2}
+SUMMARY_MODEL = "qwen3-4b-body"
 TINY = {
     "tiny-llama": {**SMOLLM2, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
@@ -173,10 +177,10 @@ class Bench:
 
         return SamplingParams(temperature=0.0, max_tokens=max_tokens or self.new, ignore_eos=True)
 
-    def features(self, i: int):
+    def features(self, i: int, max_tokens: int | None = None):
         from engine.sampling_params import SamplingParams
 
-        return SamplingParams(ignore_eos=True, max_tokens=self.new, temperature=0.7, top_k=50, top_p=0.95,
+        return SamplingParams(ignore_eos=True, max_tokens=max_tokens or self.new, temperature=0.7, top_k=50, top_p=0.95,
                               seed=1234 + i, logprobs=True, top_logprobs=5,
                               logit_bias={28: -100.0, 30: 2.0, 1075: -5.0}, presence_penalty=0.5,
                               frequency_penalty=0.3, repetition_penalty=1.1)
@@ -202,9 +206,12 @@ class Bench:
         from transformers import GenerationConfig
 
         config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=2)
+        # its keyword arguments change between transformers releases (the device has 5.17)
+        accepted = inspect.signature(self.model.generate_batch).parameters
+        extra = {"progress_bar": False} if "progress_bar" in accepted else {}
         sync(self.device)
         t0 = time.perf_counter()
-        results = self.model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        results = self.model.generate_batch(inputs=prompts, generation_config=config, **extra)
         sync(self.device)
         wall = time.perf_counter() - t0
         tokens = sum(len(r.generated_tokens) for r in results.values())
@@ -217,12 +224,14 @@ class Bench:
         c1_prompts = self.prompts[: self.args.c1_prompts]
         roofline = HBM_BYTES_PER_S / self.weight_bytes
         out["roofline_tps"] = roofline
-        # warm-up: every prefill/decode shape the figures use (CUDA graphs are captured here)
+        # warm-up: every prefill/decode shape the figures use, full length (CUDA graphs are captured per batch
+        # and span bucket here, not in the timed runs)
         t0 = time.perf_counter()
-        self.engine_run(c1_prompts[:1], lambda i: self.greedy(8))
-        self.engine_run(self.prompts, lambda i: self.greedy(8))
-        self.engine_run(self.prompts, self.features)
+        self.engine_run(c1_prompts[:1], lambda i: self.greedy())
+        self.engine_run(self.prompts, lambda i: self.greedy())
+        self.engine_run(self.prompts, lambda i: self.features(i, 8))
         self.hf_generate(c1_prompts[:1], 4)
+        self.hf_generate(self.prompts, 4)
         log(f"[{self.name}] warm-up {time.perf_counter() - t0:.1f} s")
 
         hf_c1 = [n / self.hf_generate([p], n) for p in c1_prompts]
@@ -257,7 +266,11 @@ class Bench:
             out["hf_cb_error"] = f"{type(exc).__name__}: {exc}"
             out["c64_vs_hf_cb"] = float("nan")
         self.engine.stop()
-        out["levers"] = self.levers()
+        try:
+            out["levers"] = self.levers()
+        except Exception as exc:  # diagnostics only: never lose the figures above
+            traceback.print_exc()
+            out["levers"] = {"error": f"{type(exc).__name__}: {exc}"}
         return out
 
     def levers(self) -> dict:
@@ -304,7 +317,7 @@ class Bench:
             fwd.decode(tokens, positions)
             sync(self.device)
         fwd.graphs = graphs
-        return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+        return sum(1 for e in prof.events() if str(e.device_type).endswith("CUDA"))
 
 
 def main() -> None:
@@ -333,23 +346,31 @@ def main() -> None:
            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
     log(f"bench.gpu: {env}")
     results = []
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for name in names:
-        bench = Bench(name, specs[name], args)
-        results.append(bench.run())
-        del bench
+        try:
+            bench = Bench(name, specs[name], args)
+            results.append(bench.run())
+        except Exception as exc:  # one model failing must not lose the other's figures
+            traceback.print_exc()
+            results.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+        bench = None
+        gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=2))
-    r = results[-1]
-    log(f"(summary lines: {r['model']})")
-    log(f"gpu_c1_tps: {r['engine_c1_tps']:.2f}")
-    log(f"gpu_c1_roofline_frac: {r['roofline_frac_c1']:.4f}")
-    log(f"gpu_c64_tps: {r['engine_c64']['tps']:.2f}")
-    log(f"gpu_c64_vs_hf_cb: {r['c64_vs_hf_cb']:.3f}")
-    log(f"gpu_c64_ttft_p50_s: {r['engine_c64']['ttft_p50_s']:.4f}")
-    log(f"gpu_features_ratio_c64: {r['features_ratio_c64']:.3f}")
-    log(f"gpu_step_b1_ms: {r['step_b1_ms']:.3f}")
+        # after every model, so a run cut short keeps what it measured
+        Path(args.out).write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=2))
+    r = next((x for x in results if x["model"] == SUMMARY_MODEL), results[-1])
+    nan = float("nan")
+    c64 = r.get("engine_c64", {})
+    log(f"(summary lines: {r['model']}{'; FAILED: ' + r['error'] if 'error' in r else ''})")
+    log(f"gpu_c1_tps: {r.get('engine_c1_tps', nan):.2f}")
+    log(f"gpu_c1_roofline_frac: {r.get('roofline_frac_c1', nan):.4f}")
+    log(f"gpu_c64_tps: {c64.get('tps', nan):.2f}")
+    log(f"gpu_c64_vs_hf_cb: {r.get('c64_vs_hf_cb', nan):.3f}")
+    log(f"gpu_c64_ttft_p50_s: {c64.get('ttft_p50_s', nan):.4f}")
+    log(f"gpu_features_ratio_c64: {r.get('features_ratio_c64', nan):.3f}")
+    log(f"gpu_step_b1_ms: {r.get('step_b1_ms', nan):.3f}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from engine.outputs import OutputStage, Postprocess
 from engine.prefix_cache import PrefixCache
 from engine.sampler import Sampler
 from engine.sequence import EngineRequest, RequestOutput, Sequence, SequenceGroup
+from engine.staging import stage
 from engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -228,8 +229,11 @@ class Scheduler:
             group.sequences[0].kv_len = group.prefilled
             self._cache_prompt(group)
             rows += self._place(group)
-        widths = torch.tensor([g.params.width for g in groups], device=logits.device)
-        self._sample_and_advance(logits.repeat_interleave(widths, dim=0), rows)
+        if len(rows) > len(groups):  # n/best_of: each candidate samples from its prompt's logits
+            # given its output size, repeat_interleave needs no host sync to size the result
+            widths = stage([g.params.width for g in groups], torch.long, logits.device)
+            logits = logits.repeat_interleave(widths, dim=0, output_size=len(rows))
+        self._sample_and_advance(logits, rows)
 
     def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
         """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails

@@ -54,3 +54,31 @@ class ImplicitDeviceFactories(TorchFunctionMode):
             if where is not None:
                 self.found.append(f"{where} torch.{func.__name__}")
         return func(*args, **kwargs)
+
+
+# reads that wait for the device when the tensor lives there
+_READS = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+                    torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.cpu})
+_HOST_TAG = "_sie_host_staged"
+
+
+class HostReads(TorchFunctionMode):
+    """Records each engine read of a tensor's values on the host (`.item()`, `.tolist()`, `bool(t)`, ...): on a
+    GPU each one waits for every queued kernel. Tensors the engine made on the host on purpose (a factory with
+    `device="cpu"`) are tagged and their reads are free, so only reads of device-side results are counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func in FACTORIES and str(kwargs.get("device")) == "cpu" and isinstance(result, torch.Tensor):
+            setattr(result, _HOST_TAG, True)
+        to_host = func is torch.Tensor.to and any(str(a) == "cpu" for a in (*args[1:], kwargs.get("device")))
+        if (func in _READS or to_host) and args and not getattr(args[0], _HOST_TAG, False):
+            where = _engine_caller()
+            if where is not None:
+                self.reads.append(f"{where} {func.__name__}")
+        return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from engine.sampling_params import GrammarRequest, SamplingParams
 from engine.sequence import Sequence
 
 from .conftest import MODEL_DIR
-from .device_check import ENGINE_DIR, ImplicitDeviceFactories
+from .device_check import ENGINE_DIR, HostReads, ImplicitDeviceFactories
 from .engine_run import PROMPTS, Run, greedy
 
 ADAPTER_DIR = MODEL_DIR.parent / "smollm2-lora-pirate"
@@ -125,3 +126,31 @@ def test_the_check_catches_an_implicit_factory_in_engine_code(real_engine, adapt
     with ImplicitDeviceFactories() as check:
         _run_all_paths(real_engine, adapters, prompts)
     assert check.found and set(check.found) == {"engine/sequence.py:3 torch.zeros"}
+
+
+def test_a_decode_step_reads_the_device_once(real_engine, adapters, prompts):
+    """Lever (b): only the sampled ids (with logprobs and top logprobs) cross to the host, in one read a step,
+    with every feature on. On a GPU any other read (`.item()`, `.tolist()`, `bool(t)`) waits for the device."""
+    run = Run(_scheduler(real_engine, adapters))
+    regex = real_engine.grammar_factory(SamplingParams(grammar=GrammarRequest(kind="regex", value="[a-z ]+")))
+    run.add("greedy", prompts[0], greedy(12, logprobs=True, top_logprobs=2, ignore_eos=True))
+    run.add("features", prompts[1], dataclasses.replace(_every_feature(7), n=2, max_tokens=12, min_tokens=12))
+    run.add("lora", prompts[2], greedy(12, lora_adapter="pirate", ignore_eos=True))
+    run.add("grammar", prompts[3], SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True),
+            grammar=regex)
+    run.step()  # the batched prefill
+    run.step()  # the first decode step makes the penalty counts
+    with HostReads() as check:
+        for _ in range(3):
+            run.step()
+    assert len(run.sched.decoding) == 5  # every row was still decoding
+    assert len(check.reads) == 3, check.reads
+    assert all(re.fullmatch(r"engine/sampler\.py:\d+ tolist", r) for r in check.reads), check.reads
+
+
+def test_the_read_check_counts_device_results_only():
+    code = "t = torch.ones(3)\nt.sum().item()\nbool(t.any())\ntorch.ones(1, device='cpu').item()\n"
+    with HostReads() as check:
+        exec(compile(code, str(ENGINE_DIR / "planted.py"), "exec"), {"torch": torch})
+        torch.ones(2).tolist()  # not engine code
+    assert check.reads == ["engine/planted.py:2 item", "engine/planted.py:3 __bool__"]
