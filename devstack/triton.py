@@ -53,6 +53,9 @@ def backend_directory(build_dir: Path) -> Path:
     return target.parent
 
 
+TRITON_KEEPALIVE_ARGS = ("--grpc-http2-min-recv-ping-interval-without-data=10000", "--grpc-http2-max-ping-strikes=0")
+
+
 def triton_command(repo: Path, ports: TritonPorts, build_dir: Path, extra: list[str] | None = None) -> list[str]:
     system = shutil.which("tritonserver")
     args = [
@@ -62,6 +65,9 @@ def triton_command(repo: Path, ports: TritonPorts, build_dir: Path, extra: list[
         f"--metrics-port={ports.metrics}",
         "--log-verbose=0",
         "--exit-timeout-secs=10",
+        # the gateway pings every 30 s (dead-peer detection); Triton's default answers pings sent more often than
+        # every 5 min without data (a long blocking generation) with GOAWAY too_many_pings, killing every stream
+        *TRITON_KEEPALIVE_ARGS,
     ] + (extra or [])
     if system:
         return [system, *args]
