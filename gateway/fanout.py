@@ -18,8 +18,10 @@ from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
 from gateway.profile import ModelProfile
 from gateway.router import RoutingHints
 from gateway.service import GenerationService, GenerationSession
+from gateway.stream_buffer import StreamBuffer
 
 _END = object()
+FANOUT_BUFFER_EVENTS = 64
 
 
 class FanOutSession:
@@ -32,16 +34,17 @@ class FanOutSession:
         self.ttft_s = max(part.ttft_s for part in self.parts)
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
-        queue: asyncio.Queue = asyncio.Queue()
+        # bounded like a single stream's buffer: a slow reader folds deltas instead of growing the queue
+        queue = StreamBuffer(FANOUT_BUFFER_EVENTS)
 
         async def pump(offset: int, part: GenerationSession) -> None:
             try:
                 async for event in part.events():  # each part keeps its own timeouts
                     event.index += offset  # events are fresh per response; renumbering in place is safe
-                    queue.put_nowait(event)
-                queue.put_nowait(_END)
+                    await queue.put(event)
+                queue.put_terminal(_END)
             except Exception as exc:  # handed to the reader, which stops every part
-                queue.put_nowait(exc)
+                queue.put_terminal(exc)
 
         tasks = [asyncio.create_task(pump(p * self.n, part)) for p, part in enumerate(self.parts)]
         try:
