@@ -256,9 +256,6 @@ def profile_decode_step(bench: Bench, batch: int, steps: int = 20) -> dict:
             self.params, self.generator = params, torch.Generator().manual_seed(0)
             self.output_ids, self.prompt_ids = [], bench.prompts[0]
 
-        def token_counts(self, vocab, device="cpu"):
-            return torch.zeros(vocab, device=device)
-
         def prompt_mask(self, vocab, device="cpu"):
             return torch.zeros(vocab, dtype=torch.bool, device=device)
 

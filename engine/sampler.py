@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from engine.penalty_counts import PenaltyCounts
 from engine.sampling_params import SamplingParams
 from engine.staging import row_index, stage
 
@@ -29,7 +30,6 @@ class SamplerRow(Protocol):
     output_ids: list[int]
     prompt_ids: list[int]
 
-    def token_counts(self, vocab: int, device: torch.device | str = ...) -> torch.Tensor: ...
     def prompt_mask(self, vocab: int, device: torch.device | str = ...) -> torch.Tensor: ...
 
 
@@ -49,6 +49,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.stop_token_set = frozenset(stop_token_ids)
         self.stop_ids = sorted(stop_token_ids)
+        self.counts = PenaltyCounts()  # output-token counts of penalised rows, on the logits' device
 
     @torch.inference_mode()
     def sample(
@@ -136,7 +137,7 @@ class Sampler:
             return
         index = row_index(penalised, len(rows), device)
         sub = logits[index]
-        counts = torch.stack([rows[i].token_counts(vocab, device) for i in penalised])
+        counts = self.counts.gather([rows[i] for i in penalised], vocab, logits.dtype, device)
         settings = stage([[rows[i].params.repetition_penalty, rows[i].params.presence_penalty,
                            rows[i].params.frequency_penalty] for i in penalised], logits.dtype, device)
         rep, pres, freq = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]

@@ -77,21 +77,11 @@ class Sequence:
         self.reasoning = ""  # released reasoning text, not yet sent
         self.splitter = ReasoningSplitter(group.thinking_open) if group.reasoning else None
         self.grammar: Any = None  # per-sequence grammar matcher, when constrained
-        self._counts: torch.Tensor | None = None
         self._prompt_mask: torch.Tensor | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    def token_counts(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Output-token counts [vocab], kept on the sampler's device (made once, then +1 per token)."""
-        if self._counts is None or self._counts.device != torch.device(device):
-            self._counts = torch.zeros(vocab, device=device)
-            if self.output_ids:
-                ids = torch.tensor(self.output_ids, dtype=torch.long, device="cpu").to(device)
-                self._counts.index_add_(0, ids, torch.ones(len(self.output_ids), device=device))
-        return self._counts
 
     def prompt_mask(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Which tokens the prompt holds [vocab] (repetition_penalty), made once on the sampler's device."""
@@ -102,11 +92,7 @@ class Sequence:
 
     def record_token(self, token: int, logprob: float) -> None:
         self.output_ids.append(token)
-        self.cum_logprob += logprob
-        if self._counts is not None:
-            # the counts were created inside the sampler's inference_mode: update them there too
-            with torch.inference_mode():
-                self._counts[token] += 1
+        self.cum_logprob += logprob  # penalty counts follow output_ids in the sampler (engine.penalty_counts)
 
     def fork(self, index: int, generator: torch.Generator, tokenizer) -> Sequence:
         child = Sequence(self.group, index, generator, tokenizer)

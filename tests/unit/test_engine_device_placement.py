@@ -103,11 +103,10 @@ def test_no_step_builds_a_tensor_off_the_forwards_device(real_engine, adapters, 
 
 
 _PLANTED = """
-def token_counts(self, vocab, device="cpu"):
-    counts = torch.zeros(vocab)  # implicit: on a GPU this is a host tensor
-    for t in self.output_ids:
-        counts[t] += 1
-    return counts
+def prompt_mask(self, vocab, device="cpu"):
+    mask = torch.zeros(vocab, dtype=torch.bool)  # implicit: on a GPU this is a host tensor
+    mask[self.prompt_ids] = True
+    return mask.to(device)
 """
 
 
@@ -119,10 +118,10 @@ def test_the_check_catches_an_implicit_factory_in_engine_code(real_engine, adapt
         torch.arange(3)
     assert check.found == ["engine/planted.py:1 torch.arange"]
 
-    # planted in a real step path (the penalty counts): the full run reports it, with its place
+    # planted in a real step path (the repetition penalty's prompt mask): the full run reports it, with its place
     scope: dict = {"torch": torch}
     exec(compile(_PLANTED, str(ENGINE_DIR / "sequence.py"), "exec"), scope)
-    monkeypatch.setattr(Sequence, "token_counts", scope["token_counts"])
+    monkeypatch.setattr(Sequence, "prompt_mask", scope["prompt_mask"])
     with ImplicitDeviceFactories() as check:
         _run_all_paths(real_engine, adapters, prompts)
     assert check.found and set(check.found) == {"engine/sequence.py:3 torch.zeros"}

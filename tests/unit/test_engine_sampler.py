@@ -23,12 +23,6 @@ class FakeRow:
         self.output_ids = list(output_ids)
         self.prompt_ids = list(prompt_ids)
 
-    def token_counts(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        counts = torch.zeros(vocab, device=device)
-        for t in self.output_ids:
-            counts[t] += 1
-        return counts
-
     def prompt_mask(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
         mask = torch.zeros(vocab, dtype=torch.bool, device=device)
         mask[self.prompt_ids] = True
