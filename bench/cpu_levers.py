@@ -152,7 +152,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prefill", type=int, nargs="*", default=[512], help="also time a prefill of N tokens")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 gives stable relative figures on a box other jobs load: a spinning "
+                             "OpenMP barrier waits on a descheduled thread)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, ISA {linear_kernels.cpu_isa()}, "
           f"native bf16: {linear_kernels.native_bf16()}", flush=True)
     models: dict[torch.dtype, DecoderForward] = {}

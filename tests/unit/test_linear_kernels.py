@@ -40,13 +40,22 @@ def test_override_and_device(monkeypatch):
     assert choose_kind(torch.device("meta"), w) == "torch"  # never packs off the CPU
 
 
-def test_auto_picks_the_faster_measured_path(monkeypatch):
+@pytest.mark.parametrize(("isa", "times", "expected"), [
+    ("AVX512", {"mkl": 1.0, "dnnl": 0.95}, "dnnl"),  # a near tie keeps the ISA's default
+    ("AVX2", {"mkl": 1.0, "dnnl": 0.95}, "mkl"),
+    ("AVX512", {"mkl": 0.5, "dnnl": 1.0}, "mkl"),  # a clear loss overturns it
+    ("AVX2", {"mkl": 1.0, "dnnl": 0.5}, "dnnl"),
+])
+def test_auto_choice_isa_default_overturned_by_a_clear_loss(monkeypatch, isa, times, expected):
     monkeypatch.delenv("SIE_LINEAR_KERNEL", raising=False)
-    w = [torch.randn(32, 16)]
-    monkeypatch.setattr(linear_kernels, "measure", lambda weights: {"mkl": 1.0, "dnnl": 0.5})
-    assert choose_kind(torch.device("cpu"), w) == "dnnl"
-    monkeypatch.setattr(linear_kernels, "measure", lambda weights: {"mkl": 1.0, "dnnl": 0.95})
-    assert choose_kind(torch.device("cpu"), w) == "mkl"  # a near tie keeps F.linear
+    monkeypatch.setattr(linear_kernels, "cpu_isa", lambda: isa)
+    monkeypatch.setattr(linear_kernels, "measure", lambda weights: times)
+    assert choose_kind(torch.device("cpu"), [torch.randn(32, 16)]) == expected
+
+
+def test_measure_times_both_paths():
+    times = linear_kernels.measure([torch.randn(64, 32)], rows=(1,), rounds=1)
+    assert set(times) == {"mkl", "dnnl"} and all(0 < t < 10 for t in times.values())
 
 
 def _tiny_llama():
