@@ -91,6 +91,7 @@ class TritonPythonModel:
                 max_queue=int(p.get("max_queue", "256")),
                 kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
                 prefix_cache_tokens=int(p.get("prefix_cache_tokens", "8192")),
+                dtype=p.get("dtype", "auto"),  # auto: bf16 on GPU, fp32 on CPU; "bfloat16" where the CPU has it
                 reasoning=p.get("reasoning", "false").lower() == "true",
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
