@@ -25,3 +25,18 @@ class QueueFull(EngineError):
 
 def invalid(message: str, param: str | None = None) -> EngineError:
     return EngineError("invalid_request", message, param)
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """A failure of the shared device state (CUDA error, device-side assert): no request can go on."""
+    text = f"{type(exc).__name__}: {exc}"
+    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in text or "device-side assert" in text
+
+
+def request_error(exc: BaseException, stage: str) -> EngineError:
+    """The error that fails one request for `exc`; a device fault is not one request's: it is re-raised."""
+    if is_device_fault(exc):
+        raise exc
+    if isinstance(exc, EngineError):
+        return exc
+    return EngineError("inference_error", f"{stage} failed: {type(exc).__name__}")

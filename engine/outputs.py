@@ -54,11 +54,6 @@ class OutputStage:
         if seq.finished:
             self._add_text(seq, "" if seq.detok.matched_stop is not None else seq.detok.flush(), final=True)
 
-    def end_by_grammar(self, seq: Sequence) -> None:
-        """The candidate's grammar can only end here: close it (finish `stop`) without a token."""
-        seq.finish_reason = "stop"
-        self._add_text(seq, seq.detok.flush(), final=True)
-
     @staticmethod
     def _add_text(seq: Sequence, text: str, final: bool = False) -> None:
         """Released text -> content (and, for reasoning models, the reasoning part when asked for)."""

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from engine.errors import EngineError
+from engine.errors import EngineError, is_device_fault, request_error
 from engine.forward import DecoderForward
 from engine.outputs import OutputStage, Postprocess
 from engine.prefix_cache import PrefixCache
@@ -31,18 +31,6 @@ from engine.staging import stage
 from engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
-
-
-def is_device_fault(exc: BaseException) -> bool:
-    """A failure of the shared device state (CUDA error, device-side assert): no request can go on."""
-    text = f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in text or "device-side assert" in text
-
-
-def _request_error(exc: BaseException, stage: str) -> EngineError:
-    if isinstance(exc, EngineError):
-        return exc
-    return EngineError("inference_error", f"{stage} failed: {type(exc).__name__}")
 
 
 class Scheduler:
@@ -246,9 +234,7 @@ class Scheduler:
             try:
                 logits = self.forward.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
             except Exception as exc:
-                if is_device_fault(exc):
-                    raise
-                self.abort(group, "error", _request_error(exc, "prefill"))
+                self.abort(group, "error", request_error(exc, "prefill"))
                 continue
             group.prefilled = group.sequences[0].kv_len = len(prompt)
             survivors.append((group, logits))
@@ -292,10 +278,9 @@ class Scheduler:
                 logits = self.forward.prefill(parent.slot, chunk, group.prefilled,
                                               adapter=group.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
-                if is_device_fault(exc):
-                    raise
+                error = request_error(exc, "prefill")
                 log.exception("prefill failed for %s", group.request.request_id)
-                self.abort(group, "error", _request_error(exc, "prefill"))
+                self.abort(group, "error", error)
                 continue
             group.prefilled += len(chunk)
             parent.kv_len = group.prefilled
@@ -382,9 +367,7 @@ class Scheduler:
                 row_logits.append(self.forward.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
                                                        adapter=seq.params.lora_adapter))
             except Exception as exc:
-                if is_device_fault(exc):
-                    raise
-                failures[id(seq.group)] = (seq.group, _request_error(exc, "decode"))
+                failures[id(seq.group)] = (seq.group, request_error(exc, "decode"))
                 continue
             ok.append(seq)
         keep = [i for i, seq in enumerate(ok) if id(seq.group) not in failures]
@@ -406,10 +389,10 @@ class Scheduler:
             if is_device_fault(exc):
                 raise
             log.exception("sampling failed")
-            self._fail({id(s.group): (s.group, _request_error(exc, "sampling")) for s in rows})
+            self._fail({id(s.group): (s.group, request_error(exc, "sampling")) for s in rows})
             return
         for i, error in out.row_errors.items():
-            failures.setdefault(id(rows[i].group), (rows[i].group, _request_error(error, "sampling")))
+            failures.setdefault(id(rows[i].group), (rows[i].group, request_error(error, "sampling")))
         self.stats.generated_tokens += len(rows)
         for i, seq in enumerate(rows):
             if id(seq.group) in failures:
@@ -417,10 +400,8 @@ class Scheduler:
             try:
                 self.outputs.advance(seq, out.tokens[i], out.logprobs[i], out.top[i] if out.top else None)
             except Exception as exc:
-                if is_device_fault(exc):
-                    raise
+                failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
                 log.exception("output handling failed for %s", seq.group.request.request_id)
-                failures[id(seq.group)] = (seq.group, _request_error(exc, "output handling"))
         for seq in rows:
             if seq.finished and id(seq.group) not in failures:
                 self._cache_finished(seq)
@@ -429,7 +410,7 @@ class Scheduler:
                     self.outputs.maybe_finish_group(seq.group)
                 except Exception as exc:
                     log.exception("closing failed for %s", seq.group.request.request_id)
-                    failures[id(seq.group)] = (seq.group, _request_error(exc, "output handling"))
+                    failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
         self._fail(failures)
         groups = {id(s.group): s.group for s in rows if id(s.group) not in failures}
         self.outputs.emit_stream_deltas(list(groups.values()))
