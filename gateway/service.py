@@ -47,17 +47,19 @@ class GenerationSession:
         try:
             yield self.first
             while True:
-                timeout = min(inter_chunk, self.deadline - time.monotonic())
-                if timeout <= 0:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
                     raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout")
                 try:
                     # asyncio.timeout costs a timer handle; wait_for would cost a task per token
-                    async with asyncio.timeout(timeout):
+                    async with asyncio.timeout(min(inter_chunk, remaining)):
                         event = await anext(self.stream)
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
-                    if time.monotonic() >= self.deadline:
+                    # which bound was the binding one, not the clock after the fact: a loop timer may fire a
+                    # little before the deadline, and that is still the overall timeout
+                    if remaining <= inter_chunk:
                         raise UpstreamTimeout("the request exceeded the overall timeout",
                                               code="overall_timeout") from None
                     raise UpstreamTimeout("no output from the model in time", code="inter_chunk_timeout",
