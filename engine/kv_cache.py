@@ -1,23 +1,33 @@
 """Static KV buffers, one row ("slot") per running sequence.
 
-Allocated once; on the host, memory pages are only committed as positions are written.
+Allocated once, zeroed; on the host, memory pages are only committed as positions are written.
 Running sequences are kept in slots 0..B-1 so a decode step reads plain views, no gathers.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A zero-filled cache buffer. Masked positions still enter attention as 0 x value, and 0 x NaN is NaN,
+    so a cache must never hold stale memory (`torch.empty` can hand back recycled heap memory). On the host
+    the zeros come from calloc (numpy), whose large blocks are pages committed only as they are written, so
+    a cache sized for every slot's full context costs memory only where sequences have been."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 class KVCache:
     def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
         shape = (layers, slots, kv_heads, max_len, head_dim)
-        # Masked positions still enter attention as 0 x value, and 0 x NaN is NaN: the cache must never
-        # hold stale NaNs. A large host allocation is fresh zeroed pages (committed lazily, as written);
-        # device memory is reused, so it is zeroed explicitly.
-        alloc = torch.empty if torch.device(device).type == "cpu" else torch.zeros
-        self.k = alloc(shape, dtype=dtype, device=device)
-        self.v = alloc(shape, dtype=dtype, device=device)
+        self.k = zeroed(shape, dtype, device)
+        self.v = zeroed(shape, dtype, device)
         self.slots = slots
         self.max_len = max_len
 

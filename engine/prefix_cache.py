@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVCache, zeroed
 
 BlockKey = int
 
@@ -35,9 +35,8 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity = max(capacity_tokens // block_tokens, 0)
         shape = (layers, self.capacity, heads, block_tokens, dim)
-        alloc = torch.empty if cache.k.device.type == "cpu" else torch.zeros  # see KVCache
-        self.k = alloc(shape, dtype=cache.k.dtype, device=cache.k.device)
-        self.v = alloc(shape, dtype=cache.v.dtype, device=cache.v.device)
+        self.k = zeroed(shape, cache.k.dtype, cache.k.device)
+        self.v = zeroed(shape, cache.v.dtype, cache.v.device)
         self.blocks: collections.OrderedDict[BlockKey, _Block] = collections.OrderedDict()  # LRU first
         self.free = list(range(self.capacity - 1, -1, -1))
         self.hit_tokens = 0  # counters for metrics and benchmarks
