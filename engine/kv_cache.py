@@ -19,7 +19,7 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     a cache sized for every slot's full context costs memory only where sequences have been."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
