@@ -1,8 +1,11 @@
 """Async gRPC client for one Triton endpoint: streaming generation and model discovery.
 
 One bidirectional `ModelStreamInfer` call per HTTP request; the request side stays open until we
-are done (half-closing it early makes the call end), and leaving early cancels the call, which
-Triton turns into `request.is_cancelled()` in the model.
+are done (half-closing it early makes the call end). A call whose request finished (final response or
+error) is ended cleanly: half-close, then read the stream to its OK status. Only a request left early
+(client gone, timeout, broken stream) cancels the call, which Triton turns into `request.is_cancelled()`
+in the model. Why not cancel every call: tritonserver 2.51 keeps about 9 kB per cancelled stream for
+good (measured: 18,000 cancelled calls grew it 42 -> 214 MB; ended cleanly it stays flat).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
 ]
+# Triton ends a half-closed stream within a round trip once its request is done; past this, cancel.
+_END_CALL_TIMEOUT_S = 5.0
 
 
 class UpstreamUnavailable(Unavailable):
@@ -61,15 +66,18 @@ class TritonClient:
             await finished.wait()
 
         call = self.stub.ModelStreamInfer(requests())
+        request_done = False  # Triton sent the request's last response: end the call, do not cancel it
         try:
             async for response in call:
                 if response.error_message:
+                    request_done = True  # the engine's errors end the request
                     code, message, param = parse_error_message(response.error_message)
                     raise worker_error(code, message, param)
                 try:
                     event, final = decode_response(response.infer_response)
                 except MalformedResponse as exc:
                     raise MalformedWorkerResponse(str(exc)) from None
+                request_done = final
                 yield event
                 if final:
                     return
@@ -77,8 +85,8 @@ class TritonClient:
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error(exc) from None
         finally:
-            finished.set()
-            call.cancel()  # no-op when complete; cancels the Triton request when the client left
+            finished.set()  # half-close: Triton ends the call once the request is done
+            await _end_call(call, request_done)
 
     async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
         """(name, state, parameters) for every model in the repository index."""
@@ -91,6 +99,22 @@ class TritonClient:
                 params = {k: v.string_value for k, v in config.config.parameters.items()}
             models.append((entry.name, entry.state, params))
         return models
+
+
+async def _end_call(call: grpc.aio.StreamStreamCall, request_done: bool) -> None:
+    """Let a finished request's call end with its status; cancel it otherwise (or if it does not end)."""
+    ended = False
+    try:
+        if request_done:
+            async with asyncio.timeout(_END_CALL_TIMEOUT_S):
+                async for _ in call:
+                    pass  # nothing follows a final response; reading on receives the OK status
+            ended = True
+    except (TimeoutError, grpc.aio.AioRpcError):
+        pass
+    finally:
+        if not ended:
+            call.cancel()  # stops the Triton request: the model sees request.is_cancelled()
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> BaseException:

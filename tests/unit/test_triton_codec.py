@@ -165,36 +165,53 @@ def test_parse_error_message():
 
 
 class _Call:
-    """A fake `ModelStreamInfer` call: yields scripted responses, or raises an AioRpcError."""
+    """A fake `ModelStreamInfer` call: yields scripted responses, or raises an AioRpcError; then it ends as
+    `end` says: "half_close" (Triton: with OK once the client has half-closed its request side), "now" (the
+    server ended the stream) or "never" (a stuck call)."""
 
-    def __init__(self, items: list[Any]) -> None:
+    def __init__(self, items: list[Any], end: str = "half_close") -> None:
         self.items = items
+        self.end = end
         self.cancelled = False
+        self.half_closed = asyncio.Event()
+        self.requests: Any = None
+        self._responses = self._gen()
 
     def __aiter__(self):
-        return self._gen()
+        return self._responses  # one response stream per call, however often it is iterated
 
     async def _gen(self):
         for item in self.items:
             if isinstance(item, BaseException):
                 raise item
             yield item
+        if self.end != "now":
+            await self.half_closed.wait()
+        if self.end == "never":
+            await asyncio.Event().wait()
+
+    async def _read_requests(self) -> None:
+        async for _ in self.requests:
+            pass
+        self.half_closed.set()
 
     def cancel(self) -> None:
         self.cancelled = True
 
 
 class _Stub:
-    def __init__(self, items: list[Any]) -> None:
-        self.call = _Call(items)
+    def __init__(self, items: list[Any], end: str) -> None:
+        self.call = _Call(items, end)
 
     def ModelStreamInfer(self, requests):  # the gRPC method's name
+        self.call.requests = requests
+        asyncio.get_running_loop().create_task(self.call._read_requests())
         return self.call
 
 
-def _client(items: list[Any]) -> tuple[TritonClient, _Stub]:
+def _client(items: list[Any], end: str = "half_close") -> tuple[TritonClient, _Stub]:
     client = TritonClient("fake:1")
-    stub = _Stub(items)
+    stub = _Stub(items, end)
     client._stub = stub  # type: ignore[assignment]
     return client, stub
 
@@ -211,14 +228,40 @@ def _stream_response(**kw: Any) -> service_pb2.ModelStreamInferResponse:
     return service_pb2.ModelStreamInferResponse(**kw)
 
 
-async def test_generate_yields_until_final_and_cancels_the_call():
-    running = _response(is_final=("BOOL", False), finish_reason=("BYTES", ""))
-    client, stub = _client([_stream_response(infer_response=running),
+_RUNNING = _response(is_final=("BOOL", False), finish_reason=("BYTES", ""))
+
+
+async def test_a_finished_request_ends_its_call_without_cancelling_it():
+    """tritonserver 2.51 keeps ~9 kB per cancelled stream: a finished request half-closes and reads the call to
+    its end instead (tests/e2e/test_triton_memory.py measures the server)."""
+    client, stub = _client([_stream_response(infer_response=_RUNNING),
                             _stream_response(infer_response=_response()),
-                            _stream_response(infer_response=_response(text_output=("BYTES", "never read")))])
+                            _stream_response(infer_response=_response(text_output=("BYTES", "never yielded")))])
     events = await _collect(client)
     assert [e.text for e in events] == ["ab", "ab"]
-    assert stub.call.cancelled  # always cancelled at the end: a no-op when complete
+    assert stub.call.half_closed.is_set() and not stub.call.cancelled
+
+
+async def test_an_engine_error_ends_its_call_without_cancelling_it():
+    client, stub = _client([_stream_response(error_message=json.dumps({"code": "invalid_request", "message": "m"}))])
+    with pytest.raises(GatewayError):
+        await _collect(client)
+    assert stub.call.half_closed.is_set() and not stub.call.cancelled
+
+
+async def test_leaving_before_the_final_response_cancels_the_call():
+    client, stub = _client([_stream_response(infer_response=_RUNNING), _stream_response(infer_response=_response())])
+    events = client.generate("tm", _req(), "rid")
+    assert (await anext(events)).text == "ab"
+    await events.aclose()  # the HTTP client went away mid-stream
+    assert stub.call.cancelled
+
+
+async def test_a_call_that_does_not_end_after_its_final_response_is_cancelled(monkeypatch):
+    monkeypatch.setattr(client_mod, "_END_CALL_TIMEOUT_S", 0.05)
+    client, stub = _client([_stream_response(infer_response=_response())], end="never")
+    assert [e.text for e in await _collect(client)] == ["ab"]
+    assert stub.call.half_closed.is_set() and stub.call.cancelled
 
 
 @pytest.mark.parametrize("code", sorted(ERROR_CODES) + ["kaboom"])
@@ -237,7 +280,7 @@ async def test_malformed_response_and_early_end():
     client, _ = _client([_stream_response(infer_response=_response(index=None))])
     with pytest.raises(MalformedWorkerResponse):
         await _collect(client)
-    client, _ = _client([_stream_response(infer_response=_response(is_final=("BOOL", False)))])
+    client, _ = _client([_stream_response(infer_response=_response(is_final=("BOOL", False)))], end="now")
     with pytest.raises(UpstreamUnavailable) as caught:
         await _collect(client)
     assert (caught.value.status, caught.value.code) == (503, "transport_failure")
