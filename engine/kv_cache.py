@@ -1,15 +1,32 @@
 """Static KV buffers, one row ("slot") per running sequence.
 
-Allocated once, zeroed; on the host, memory pages are only committed as positions are written.
+Allocated once, zeroed; on the host, memory pages are only committed as positions are written, and a
+freed slot's pages go back to the OS (`release`), so resident memory follows the sequences running now.
 Running sequences are kept in slots 0..B-1 so a decode step reads plain views, no gathers.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 
 import numpy as np
 import torch
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4  # Linux: private anonymous pages are dropped and read as zeros when next touched
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def give_back(address: int, nbytes: int) -> None:
+    """Drop the whole pages inside [address, address + nbytes) of calloc'd host memory: RSS falls, and the
+    memory reads as zeros again (the cache's invariant holds)."""
+    start = -(-address // _PAGE) * _PAGE
+    end = (address + nbytes) // _PAGE * _PAGE
+    if end > start and _libc.madvise(start, end - start, _MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -20,7 +37,9 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    raw = np.zeros(nbytes + _PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % _PAGE  # page-aligned, so `release` can give back whole runs of positions
+    return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)
 
 
 class KVCache:
@@ -30,6 +49,30 @@ class KVCache:
         self.v = zeroed(shape, dtype, device)
         self.slots = slots
         self.max_len = max_len
+        self._host = self.k.device.type == "cpu"  # device memory is allocated up front and stays
+
+    def release(self, slot: int, keep: int = 0) -> None:
+        """Give back the memory of `slot` past its first `keep` positions (a freed or shortened slot).
+
+        Without it a slot keeps every page its longest sequence ever touched, and over hours the cache's
+        resident memory ratchets up to slots x context (12 GB for SmolLM2's profile), whatever the KV budget."""
+        if not self._host or keep >= self.max_len:
+            return
+        layers, slots, heads, max_len, dim = self.k.shape
+        run = max_len * dim * self.k.element_size()  # one (layer, slot, head): contiguous positions
+        kept = keep * dim * self.k.element_size()
+        for buffer in (self.k, self.v):
+            base = buffer.data_ptr()
+            for layer in range(layers):
+                first = base + ((layer * slots + slot) * heads) * run
+                for head in range(heads):
+                    give_back(first + head * run + kept, run - kept)
+
+    def release_all(self) -> None:
+        """Give back every slot's memory (the engine went idle)."""
+        if self._host:
+            for buffer in (self.k, self.v):
+                give_back(buffer.data_ptr(), buffer.numel() * buffer.element_size())
 
     def bytes_per_token(self) -> int:
         layers, _, heads, _, dim = self.k.shape

@@ -137,6 +137,8 @@ class Scheduler:
             self._decode()
         self.stats.running = len(self.decoding)
         self.stats.kv_tokens = sum(s.kv_len for s in self.decoding)
+        if not self.has_work():
+            self.forward.cache.release_all()  # idle: whatever a failed prefill or fork left, give it back
 
     def _reap_cancelled(self) -> None:
         groups = {id(s.group): s.group for s in self.decoding}
@@ -153,6 +155,8 @@ class Scheduler:
             self.waiting.remove(group)
         if self.prefilling is group:
             self.prefilling = None
+            if group.sequences[0].slot >= 0:
+                self.forward.cache.release(group.sequences[0].slot)  # its partial prompt
         for seq in [s for s in self.decoding if s.group is group]:
             self._retire(seq)
         self._release(group)
@@ -419,18 +423,23 @@ class Scheduler:
         """Free the sequence's slot, moving the last row (and any prefill in progress) down."""
         if seq not in self.decoding:
             return
+        cache = self.forward.cache
         index = self.decoding.index(seq)
         last = len(self.decoding) - 1
         if index != last:
             moved = self.decoding[last]
-            self.forward.cache.copy_slot(last, index, moved.kv_len)
+            cache.copy_slot(last, index, moved.kv_len)
+            cache.release(index, moved.kv_len)  # the retired sequence may have reached further
             moved.slot = index
             self.decoding[index] = moved
         self.decoding.pop()
+        vacated = last
         if self.prefilling is not None and self.prefilling.prefilled > 0:
             parent = self.prefilling.sequences[0]
-            self.forward.cache.copy_slot(parent.slot, len(self.decoding), parent.kv_len)
-            parent.slot = len(self.decoding)
+            cache.copy_slot(parent.slot, len(self.decoding), parent.kv_len)
+            cache.release(len(self.decoding), parent.kv_len)
+            vacated, parent.slot = parent.slot, len(self.decoding)
+        cache.release(vacated)
 
     def _generator(self, group: SequenceGroup, index: int) -> torch.Generator:
         seed = group.params.seed

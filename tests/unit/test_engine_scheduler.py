@@ -277,3 +277,35 @@ def test_penalties_over_many_steps(make_scheduler, prompts):
     assert len(tokens) == 12
     seq_counts = torch.bincount(torch.tensor(tokens))
     assert seq_counts.max() <= 3  # heavy penalties keep greedy decoding from looping on one token
+
+
+def _zero_from(cache, slot: int, position: int) -> bool:
+    """Whether `slot` reads zero from `position` on (rounded up to the page the release gives back)."""
+    per_page = 4096 // (cache.k.shape[-1] * cache.k.element_size())
+    start = -(-position // per_page) * per_page
+    return bool((cache.k[:, slot, :, start:] == 0).all() and (cache.v[:, slot, :, start:] == 0).all())
+
+
+def test_retired_slots_give_their_memory_back(real_engine, make_scheduler, prompts):
+    """A freed slot's pages go back to the OS (they read as zeros again), so resident KV memory follows the
+    sequences running now instead of ratcheting up to slots x context over hours (issue 11 soak)."""
+    longest = real_engine.encode_prompt(messages=[{"role": "user", "content": "Describe the sea. " * 20}])
+    shortest = min(prompts, key=len)
+    ref = Run(make_scheduler())
+    ref.add("b", shortest, greedy(40, ignore_eos=True))
+    ref.until_done()
+
+    run = Run(make_scheduler())
+    run.add("a", longest, greedy(3, ignore_eos=True))  # slot 0, the longer K/V, finishes first
+    run.add("c", prompts[1], greedy(6, ignore_eos=True))
+    run.add("b", shortest, greedy(40, ignore_eos=True))  # last slot: moves down into slot 0
+    cache = run.sched.forward.cache
+    while not run.finals("a"):
+        run.step()
+    b = run.sched.decoding[0]
+    assert b.group is run.groups["b"] and b.kv_len < len(longest)
+    assert _zero_from(cache, 0, b.kv_len)  # a's longer K/V past b's length is gone, not left behind
+    assert all(_zero_from(cache, slot, 0) for slot in range(len(run.sched.decoding), cache.slots))
+    run.until_done()
+    assert bool((cache.k == 0).all() and (cache.v == 0).all())  # idle: nothing held
+    assert run.tokens[("b", 0)] == ref.tokens[("b", 0)]
