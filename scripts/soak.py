@@ -1,11 +1,15 @@
 """Load + memory soak: start the local stack, run locust headless, sample the RSS of the gateway (gunicorn
-master and workers) and of tritonserver (with its model stubs) every 30 s, and fail when memory grew.
+master and workers), of tritonserver itself and of its model instances (the Python-backend stubs running the
+engine) every 30 s, and fail when memory grew.
 
     python scripts/soak.py --users 64 --duration 15m
 
-Exit status: locust's own when it failed; else 1 when the gateway's or tritonserver's RSS grew by more than
-`--max-growth-pct` (2 %) between minute `--from-minute` (3: start-up, model warm-up and allocator arenas
-are done by then) and the end of the run; else 0.
+Growth is read from a least-squares line through the samples from minute `--from-minute` (3: start-up, model
+warm-up and allocator arenas are done by then) to the end, so one sample caught just after the allocator gave
+memory back (or just before) cannot decide the verdict; the first and last samples are printed beside it.
+
+Exit status: locust's own when it failed; else 1 when any of the three grew by more than `--max-growth-pct`
+(2 %) over that window; else 0.
 """
 
 from __future__ import annotations
@@ -26,13 +30,29 @@ from devstack.triton import REPO_ROOT
 SAMPLE_S = 30.0
 
 
-def _tree_rss_mb(pid: int) -> float:
+GROUPS = ("gateway", "tritonserver", "model instances")
+
+
+def _rss_mb(procs: list[psutil.Process]) -> float:
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def sample_mb(gateway_pid: int, triton_pid: int) -> dict[str, float]:
+    """RSS of the gateway's process tree, of tritonserver alone, and of tritonserver's children (the stubs)."""
     try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-        return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+        gateway = psutil.Process(gateway_pid)
+        triton = psutil.Process(triton_pid)
+        return {"gateway": _rss_mb([gateway, *gateway.children(recursive=True)]),
+                "tritonserver": _rss_mb([triton]),
+                "model instances": _rss_mb(triton.children(recursive=True))}
     except psutil.NoSuchProcess:
-        return 0.0
+        return {}
 
 
 def duration_s(text: str) -> float:
@@ -43,18 +63,27 @@ def duration_s(text: str) -> float:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "": 1}[u] for n, u in parts)
 
 
-def growth_pct(samples: list[tuple[float, float, float]], from_s: float) -> tuple[float, float] | None:
-    """RSS growth (gateway, triton) from the first sample at or after `from_s` to the last sample."""
-    window = [s for s in samples if s[0] >= from_s]
-    if len(window) < 2:
+def growth_pct(samples: list[tuple[float, dict[str, float]]], from_s: float) -> dict[str, float] | None:
+    """Per group: growth from `from_s` to the last sample, in % of the start, along a least-squares line."""
+    window = [(t, mb) for t, mb in samples if t >= from_s and set(mb) == set(GROUPS)]
+    if len(window) < 3:
         return None
-    first, last = window[0], window[-1]
-    return 100 * (last[1] - first[1]) / first[1], 100 * (last[2] - first[2]) / first[2]
+    times = [t for t, _ in window]
+    t_mean = sum(times) / len(times)
+    spread = sum((t - t_mean) ** 2 for t in times)
+    growth = {}
+    for group in GROUPS:
+        values = [mb[group] for _, mb in window]
+        v_mean = sum(values) / len(values)
+        slope = sum((t - t_mean) * (v - v_mean) for t, v in zip(times, values, strict=True)) / spread
+        start = v_mean + slope * (times[0] - t_mean)
+        growth[group] = 100 * slope * (times[-1] - times[0]) / start
+    return growth
 
 
-def grew_too_much(growth: tuple[float, float], max_pct: float) -> list[str]:
-    """Which of (gateway, tritonserver) grew by more than `max_pct`."""
-    return [name for name, pct in zip(("gateway", "tritonserver"), growth, strict=True) if pct > max_pct]
+def grew_too_much(growth: dict[str, float], max_pct: float) -> list[str]:
+    """Which groups grew by more than `max_pct`."""
+    return [group for group in GROUPS if growth[group] > max_pct]
 
 
 def main() -> None:
@@ -69,37 +98,38 @@ def main() -> None:
         parser.error(f"--duration must run well past minute {args.from_minute:g} to judge memory growth")
     logs = Path("loadtest/results")
     logs.mkdir(parents=True, exist_ok=True)
-    samples: list[tuple[float, float, float]] = []
+    samples: list[tuple[float, dict[str, float]]] = []
     done = threading.Event()
     with local_stack(REPO_ROOT / "model_repository", logs) as running:
         started = time.monotonic()
 
         def sample() -> None:
             while not done.wait(SAMPLE_S):
-                samples.append((time.monotonic() - started, _tree_rss_mb(running.gateway.pid),
-                                _tree_rss_mb(running.triton.pid)))
+                samples.append((time.monotonic() - started, sample_mb(running.gateway.pid, running.triton.pid)))
 
         threading.Thread(target=sample, daemon=True).start()
         result = subprocess.run([sys.executable, "loadtest/run.py", "--users", str(args.users), "--duration",
                                  args.duration, "--host", running.base_url, "--out", str(logs),
                                  "--classes", args.classes], cwd=REPO_ROOT, check=False)
         done.set()
-    for t, gw, tr in samples:
-        print(f"memory t={t:5.0f}s gateway_mb={gw:8.1f} triton_mb={tr:8.1f}")
+    for t, mb in samples:
+        print(f"memory t={t:5.0f}s " + " ".join(f"{g.replace(' ', '_')}_mb={mb.get(g, 0):8.1f}" for g in GROUPS))
     growth = growth_pct(samples, args.from_minute * 60)
     if result.returncode != 0:
         sys.exit(result.returncode)
     if growth is None:
         print(f"memory: too few samples after minute {args.from_minute:g}")
         sys.exit(1)
-    gateway_pct, triton_pct = growth
-    print(f"memory_growth_gateway_pct (minute {args.from_minute:g} to end): {gateway_pct:.1f}")
-    print(f"memory_growth_triton_pct (minute {args.from_minute:g} to end): {triton_pct:.1f}")
+    window = [mb for t, mb in samples if t >= args.from_minute * 60 and mb]
+    for group in GROUPS:
+        first, last = window[0][group], window[-1][group]
+        print(f"memory_growth_{group.replace(' ', '_')}_pct (minute {args.from_minute:g} to end, fitted): "
+              f"{growth[group]:.1f}  (samples {first:.1f} -> {last:.1f} MB)")
     grew = grew_too_much(growth, args.max_growth_pct)
     if grew:
         print(f"FAIL: {' and '.join(grew)} memory grew more than {args.max_growth_pct:g} %")
         sys.exit(1)
-    print(f"memory flat: both within {args.max_growth_pct:g} %")
+    print(f"memory flat: all within {args.max_growth_pct:g} %")
 
 
 if __name__ == "__main__":
