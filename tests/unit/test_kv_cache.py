@@ -29,11 +29,9 @@ def test_released_memory_leaves_the_process():
     process = psutil.Process()
     cache = _cache()
     slot_mb = 2 * 4 * 2 * 8192 * 64 * 4 / 2**20  # 32 MB
-    before = process.memory_info().rss / 2**20
     cache.k[:, 0] = 1.0
-    cache.v[:, 0] = 1.0
+    cache.v[:, 0] = 1.0  # resident now (fresh pages, or heap pages calloc reused and zeroed)
     filled = process.memory_info().rss / 2**20
-    assert filled - before > 0.8 * slot_mb  # written pages are committed
     cache.release(0)
     assert filled - process.memory_info().rss / 2**20 > 0.8 * slot_mb
     cache.k[:, 1] = 1.0
