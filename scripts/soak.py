@@ -66,9 +66,14 @@ def duration_s(text: str) -> float:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "": 1}[u] for n, u in parts)
 
 
+def judged_window(samples: list[tuple[float, dict[str, float]]], from_s: float) -> list[tuple[float, dict[str, float]]]:
+    """The complete samples from `from_s` on (a sample taken while a process was gone is empty)."""
+    return [(t, mb) for t, mb in samples if t >= from_s and set(mb) == set(GROUPS)]
+
+
 def growth_pct(samples: list[tuple[float, dict[str, float]]], from_s: float) -> dict[str, float] | None:
     """Per group: growth from `from_s` to the last sample, in % of the start, along a least-squares line."""
-    window = [(t, mb) for t, mb in samples if t >= from_s and set(mb) == set(GROUPS)]
+    window = judged_window(samples, from_s)
     if len(window) < 3:
         return None
     times = [t for t, _ in window]
@@ -123,9 +128,9 @@ def main() -> None:
     if growth is None:
         print(f"memory: too few samples after minute {args.from_minute:g}")
         sys.exit(1)
-    window = [mb for t, mb in samples if t >= args.from_minute * 60 and mb]
+    window = judged_window(samples, args.from_minute * 60)
     for group in GROUPS:
-        first, last = window[0][group], window[-1][group]
+        first, last = window[0][1][group], window[-1][1][group]
         print(f"memory_growth_{group.replace(' ', '_')}_pct (minute {args.from_minute:g} to end, fitted): "
               f"{growth[group]:.1f}  (samples {first:.1f} -> {last:.1f} MB)")
     grew = grew_too_much(growth, args.max_growth_pct)
