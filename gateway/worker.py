@@ -4,8 +4,26 @@ uvicorn's defaults pick them only when installed; naming them here makes a missi
 fail at start instead of silently falling back to the pure-Python parser (several times slower).
 """
 
+from __future__ import annotations
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, without one retention.
+
+    uvicorn cancels the keep-alive timer only when a connection closes cleanly. A client that resets
+    it instead (one that stops reading at `[DONE]` and closes with the chunked terminator unread, as
+    `requests` does) leaves the timer pending, and the timer holds the protocol, its transport and
+    its last request cycle (scope, headers, events) for the whole keep-alive: at a few requests a
+    second that is a hundred dead connections per worker, churning the allocator.
+    """
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._unset_keepalive_if_required()
+
+
 class GatewayWorker(UvicornWorker):
-    CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": "httptools", "loop": "uvloop"}
+    CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": GatewayHttpProtocol, "loop": "uvloop"}

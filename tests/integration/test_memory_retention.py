@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import tracemalloc
+import weakref
 from typing import Any
 
 from tests.integration.conftest import MODEL, SIE_MODEL, tokens
@@ -75,3 +76,46 @@ async def test_requests_leave_nothing_behind(gw):
     growth = sum(stat.size_diff for stat in stats)
     # measured: about 4 kB of event-loop noise; one leaked path string per request is about 65 kB
     assert growth < 30_000, f"the gateway kept {growth} bytes over ~1,000 requests: {[str(s) for s in stats[:5]]}"
+
+
+class _Connection:
+    """What uvicorn's request cycle holds: the scope, and the `receive` the app is handed (a bound method)."""
+
+    def __init__(self, path: str, body: bytes) -> None:
+        self.scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "server": ("gateway", 80), "client": ("127.0.0.1", 5000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+        self.messages = [{"type": "http.request", "body": body, "more_body": False}]
+        self.status = 0
+
+    async def receive(self) -> dict[str, Any]:
+        return self.messages.pop() if self.messages else {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+
+
+async def test_a_finished_request_leaves_no_reference_cycle_to_its_connection(gw):
+    """Without a cycle, a connection's state goes the moment uvicorn drops it, not at a full gc pass: the
+    disconnect watcher the gateway puts in the scope must not keep `receive`, and so the connection, alive."""
+    gw.fake().script = lambda req: tokens(*["tok"] * 5)
+    requests = [("/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode()),
+                ("/v1/chat/completions", json.dumps(CHAT).encode()),
+                (f"/v1/generate/{SIE_MODEL}", _native(stream=True)),
+                (f"/v1/generate/{SIE_MODEL}", _native())]
+    gc.collect()
+    gc.disable()
+    try:
+        for path, body in requests:
+            connection = _Connection(path, body)
+            await gw.app(connection.scope, connection.receive, connection.send)
+            assert connection.status == 200, path
+            gone = weakref.ref(connection)
+            del connection
+            assert gone() is None, f"{path}: the connection outlived the request (held in a reference cycle)"
+    finally:
+        gc.enable()
