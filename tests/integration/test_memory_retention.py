@@ -16,27 +16,32 @@ from tests.integration.conftest import MODEL, SIE_MODEL, tokens
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def _call(app: Any, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "server": ("gateway", 80), "client": ("127.0.0.1", 5000),
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())],
-    }
-    status = 0
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
+class _Connection:
+    """What uvicorn's request cycle holds: the scope, and the `receive` the app is handed (a bound method)."""
 
-    async def receive() -> dict[str, Any]:
-        return messages.pop() if messages else {"type": "http.disconnect"}
+    def __init__(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "server": ("gateway", 80), "client": ("127.0.0.1", 5000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())],
+        }
+        self.messages = [{"type": "http.request", "body": body, "more_body": False}]
+        self.status = 0
 
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status
+    async def receive(self) -> dict[str, Any]:
+        return self.messages.pop() if self.messages else {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            status = message["status"]
+            self.status = message["status"]
 
-    await app(scope, receive, send)
-    return status
+
+async def _call(app: Any, path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
+    connection = _Connection(path, body, headers)
+    await app(connection.scope, connection.receive, connection.send)
+    return connection.status
 
 
 def _native(**body: Any) -> bytes:
@@ -76,27 +81,6 @@ async def test_requests_leave_nothing_behind(gw):
     growth = sum(stat.size_diff for stat in stats)
     # measured: about 4 kB of event-loop noise; one leaked path string per request is about 65 kB
     assert growth < 30_000, f"the gateway kept {growth} bytes over ~1,000 requests: {[str(s) for s in stats[:5]]}"
-
-
-class _Connection:
-    """What uvicorn's request cycle holds: the scope, and the `receive` the app is handed (a bound method)."""
-
-    def __init__(self, path: str, body: bytes) -> None:
-        self.scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "server": ("gateway", 80), "client": ("127.0.0.1", 5000),
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-        self.messages = [{"type": "http.request", "body": body, "more_body": False}]
-        self.status = 0
-
-    async def receive(self) -> dict[str, Any]:
-        return self.messages.pop() if self.messages else {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
 
 
 async def test_a_finished_request_leaves_no_reference_cycle_to_its_connection(gw):
