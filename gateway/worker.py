@@ -17,7 +17,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     it instead (one that stops reading at `[DONE]` and closes with the chunked terminator unread, as
     `requests` does) leaves the timer pending, and the timer holds the protocol, its transport and
     its last request cycle (scope, headers, events) for the whole keep-alive: at a few requests a
-    second that is a hundred dead connections per worker, churning the allocator.
+    second that is a hundred dead connections per worker, churning the allocator. Behind a proxy that
+    purges idle connections with a reset, that is every request (the same finding upstream of us:
+    Soju06/codex-lb issue 2041, an OOM with a long keep-alive).
     """
 
     def connection_lost(self, exc: Exception | None) -> None:
