@@ -5,6 +5,7 @@
 Environment (read here only; the app reads its own settings once at start):
 GATEWAY_HOST (0.0.0.0), GATEWAY_PORT (8080), GATEWAY_WORKERS (2), GATEWAY_GRACEFUL_TIMEOUT (30 s),
 GATEWAY_KEEPALIVE (75 s), GATEWAY_LOG_LEVEL (info), GATEWAY_ACCESS_LOG (off; 1/true to log request lines).
+The worker class reads one more: GATEWAY_HEADER_TIMEOUT (30 s), see gateway/worker.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ graceful_timeout = _int_env("GATEWAY_GRACEFUL_TIMEOUT", 30, 1)
 timeout = 60
 # Idle keep-alive (uvicorn's timeout_keep_alive): longer than a typical load balancer's idle
 # timeout, so the balancer, not the gateway, closes idle connections and never races a reuse.
+# It also bounds a connection that has not sent its first request yet (gateway/worker.py).
 keepalive = _int_env("GATEWAY_KEEPALIVE", 75, 1)
 # Never recycle workers by request count: a recycle would cut streams short.
 max_requests = 0

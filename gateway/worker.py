@@ -2,29 +2,86 @@
 
 uvicorn's defaults pick them only when installed; naming them here makes a missing dependency
 fail at start instead of silently falling back to the pure-Python parser (several times slower).
+
+Environment: GATEWAY_HEADER_TIMEOUT (30 s): how long a client may take to send a request's headers,
+from its first byte (see `GatewayHttpProtocol`).
 """
 
 from __future__ import annotations
+
+import asyncio
+import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 
-class GatewayHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, without one retention.
+def _header_timeout_from_env() -> float:
+    raw = os.environ.get("GATEWAY_HEADER_TIMEOUT", "").strip()
+    value = float(raw) if raw else 30.0
+    if not value > 0:
+        raise ValueError(f"GATEWAY_HEADER_TIMEOUT must be > 0 seconds, got {raw!r}")
+    return value
 
-    uvicorn cancels the keep-alive timer only when a connection closes cleanly. A client that resets
-    it instead (one that stops reading at `[DONE]` and closes with the chunked terminator unread, as
-    `requests` does) leaves the timer pending, and the timer holds the protocol, its transport and
-    its last request cycle (scope, headers, events) for the whole keep-alive: at a few requests a
-    second that is a hundred dead connections per worker, churning the allocator. Behind a proxy that
-    purges idle connections with a reset, that is every request (the same finding upstream of us:
-    Soju06/codex-lb issue 2041, an OOM with a long keep-alive).
+
+_HEADER_TIMEOUT_BODY = b"request headers not received in time"
+_HEADER_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                            b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                            % (len(_HEADER_TIMEOUT_BODY), _HEADER_TIMEOUT_BODY))
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with every connection bounded in time and released when it ends.
+
+    - **A reset connection is released at once.** uvicorn cancels the keep-alive timer only when a
+      connection closes cleanly. A client that resets it instead (one that stops reading at `[DONE]`
+      and closes with the chunked terminator unread, as `requests` does) leaves the timer pending, and
+      the timer holds the protocol, its transport and its last request cycle (scope, headers, events)
+      for the whole keep-alive: at a few requests a second that is a hundred dead connections per
+      worker, churning the allocator. Behind a proxy that purges idle connections with a reset, that
+      is every request (the same finding upstream of us: Soju06/codex-lb issue 2041, an OOM with a
+      long keep-alive).
+    - **A connection that never sends a request is closed after the keep-alive**, as an idle one is
+      between requests; uvicorn arms no timer until a first response, so it held such a socket forever.
+    - **Request headers must arrive within `header_timeout_s`** of the request's first byte, or the
+      client gets a 408 and the connection closes (nginx's `client_header_timeout`): a client that
+      trickles headers (slowloris) cannot hold sockets open. The body and the generation are bounded
+      by the gateway's own timeouts, not here.
     """
+
+    header_timeout_s: float = _header_timeout_from_env()
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._stop_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._stop_header_timer()
+        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._unset_keepalive_if_required()
+        self._stop_header_timer()
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # never inside a pipelined response
+            self.transport.write(_HEADER_TIMEOUT_RESPONSE)
+        self.transport.close()
 
 
 class GatewayWorker(UvicornWorker):

@@ -1,10 +1,12 @@
-"""The gateway's uvicorn protocol lets go of a connection the moment the client is gone.
+"""The gateway's uvicorn protocol bounds every connection in time and lets go of it the moment it ends.
 
-A real uvicorn server (uvloop, httptools) in a thread; a raw socket client reads a whole response, then
-resets the connection (what `requests` does when it stops reading a stream at `[DONE]`)."""
+A real uvicorn server (uvloop, httptools) in a thread, driven by raw sockets: a client that reads a whole
+response and then resets the connection (what `requests` does when it stops reading a stream at `[DONE]`),
+one that connects and sends nothing, one that trickles its headers (slowloris)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 import struct
@@ -27,15 +29,17 @@ BODY = b"data: [DONE]\n\n"
 
 async def _app(scope, receive, send) -> None:
     await receive()
+    if scope["path"] == "/slow":
+        await asyncio.sleep(1.0)
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream"), (b"content-length", b"%d" % len(BODY))]})
     await send({"type": "http.response.body", "body": BODY})
 
 
-def _serve(protocol: type) -> Iterator[int]:
+def _serve(protocol: type, keep_alive_s: float = KEEP_ALIVE_S) -> Iterator[int]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=port, http=protocol, loop="uvloop",
-                                           lifespan="off", log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))
+                                           lifespan="off", log_level="warning", timeout_keep_alive=keep_alive_s))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -89,3 +93,65 @@ def test_a_reset_connection_is_released_at_once(protocol, kept):
     # uvicorn as shipped is the reference: its keep-alive timer keeps every reset connection, which shows
     # this test can see the retention it guards against
     assert _alive_after_resets(protocol, connections=10) == kept
+
+
+def _read_until_closed(sock: socket.socket, within_s: float) -> bytes:
+    """Everything the server sends until it closes; fails if it is still open after `within_s`."""
+    sock.settimeout(within_s)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        raise AssertionError(f"still open after {within_s} s; received {received!r}") from None
+    return received
+
+
+def _still_open_after(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) != b""
+    except TimeoutError:
+        return True
+
+
+FAST_HEADERS = type("FastHeaderTimeout", (GatewayHttpProtocol,), {"header_timeout_s": 0.5})
+
+
+@pytest.mark.parametrize("protocol, closed", [(HttpToolsProtocol, False), (GatewayHttpProtocol, True)],
+                         ids=["uvicorn-as-shipped", "gateway"])
+def test_a_connection_that_sends_nothing_is_closed_after_the_keep_alive(protocol, closed):
+    for port in _serve(protocol, keep_alive_s=1):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            if closed:
+                assert _read_until_closed(sock, within_s=5) == b""
+            else:  # the reference: uvicorn as shipped holds a silent socket past its keep-alive
+                assert _still_open_after(sock, 2.5)
+
+
+def test_headers_trickled_past_the_header_timeout_get_a_408_and_a_close():
+    for port in _serve(FAST_HEADERS):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n")  # ...and no more
+            started = time.monotonic()
+            answer = _read_until_closed(sock, within_s=5)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer
+            assert b"connection: close" in answer.lower()
+            assert 0.4 < time.monotonic() - started < 3
+
+
+def test_the_header_timeout_bounds_only_the_headers():
+    """A response slower than the header timeout is not cut, and a kept-alive connection idle for longer than
+    it between requests still serves the next one (idle time is the keep-alive's)."""
+    for port in _serve(FAST_HEADERS):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            for path, pause_after in (("/slow", 1.0), ("/", 0.0)):
+                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gateway\r\n\r\n".encode())
+                received = b""
+                sock.settimeout(5)
+                while not received.endswith(BODY):
+                    chunk = sock.recv(65536)
+                    assert chunk, f"{path}: closed early: {received!r}"
+                    received += chunk
+                assert received.startswith(b"HTTP/1.1 200 "), received
+                time.sleep(pause_after)
