@@ -106,6 +106,14 @@ class PayloadTooLarge(GatewayError):
     code = "invalid_request"
 
 
+class RequestTimeout(GatewayError):
+    """The client stopped sending its request body (a stalled upload or a slowloris)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class ServerMisconfigured(GatewayError):
     status = 500
     type = "server_error"

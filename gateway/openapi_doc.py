@@ -29,6 +29,11 @@ _ERROR = {
 }
 
 
+# every status the generation routes answer with an error envelope: 408 a stalled body or a cancelled
+# generation, 429 the engine's rate limit, 502 an inter-chunk timeout, 504 the first-chunk/overall one
+_ERROR_STATUSES = (400, 401, 404, 408, 413, 429, 500, 502, 503, 504)
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     ref = {"$ref": "#/components/schemas/ErrorResponse"}
     return {str(s): {"description": "Error", "content": {"application/json": {"schema": ref}}} for s in statuses}
@@ -70,7 +75,7 @@ def build_openapi() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "chat.completion, or chat.completion.chunk SSE when stream is true",
                                 "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
-                        **_errors(400, 401, 404, 413, 500, 503),
+                        **_errors(*_ERROR_STATUSES),
                     },
                 }
             },
@@ -83,7 +88,7 @@ def build_openapi() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "text_completion, or text_completion SSE chunks when stream is true",
                                 "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
-                        **_errors(400, 401, 404, 413, 500, 503),
+                        **_errors(*_ERROR_STATUSES),
                     },
                 }
             },
@@ -101,7 +106,7 @@ def build_openapi() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "Generated text, or GenerateChunk SSE when stream is true",
                                 "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
-                        **_errors(400, 401, 404, 413, 500, 503),
+                        **_errors(*_ERROR_STATUSES),
                     },
                 }
             },

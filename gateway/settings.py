@@ -35,6 +35,7 @@ class Settings:
     default_max_tokens: int = 1024
     chat_body_limit: int = 16 * 1024 * 1024
     generate_body_limit: int = 24 * 1024 * 1024
+    body_read_timeout_s: float = 60.0  # longest wait for the next piece of a request body (then 408)
     first_chunk_timeout_s: float = 120.0
     inter_chunk_timeout_s: float = 60.0
     overall_timeout_s: float = 600.0
@@ -59,6 +60,7 @@ class Settings:
             default_max_tokens=int(env.get("SIE_GATEWAY_DEFAULT_MAX_TOKENS", "1024")),
             chat_body_limit=int(env.get("SIE_GATEWAY_CHAT_BODY_LIMIT", str(16 * 1024 * 1024))),
             generate_body_limit=int(env.get("SIE_GATEWAY_GENERATE_BODY_LIMIT", str(24 * 1024 * 1024))),
+            body_read_timeout_s=float(env.get("SIE_GATEWAY_BODY_READ_TIMEOUT_S", "60")),
             first_chunk_timeout_s=float(env.get("SIE_GATEWAY_FIRST_CHUNK_TIMEOUT_S", "120")),
             inter_chunk_timeout_s=float(env.get("SIE_GATEWAY_INTER_CHUNK_TIMEOUT_S", "60")),
             overall_timeout_s=float(env.get("SIE_GATEWAY_OVERALL_TIMEOUT_S", "600")),

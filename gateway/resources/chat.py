@@ -22,7 +22,7 @@ class ChatCompletionsResource:
         self.service = service
 
     async def on_post(self, req, resp) -> None:
-        body = await read_json_body(req, self.settings.chat_body_limit)
+        body = await read_json_body(req, self.settings.chat_body_limit, self.settings.body_read_timeout_s)
         greq = parse_chat_request(body, default_max_tokens=self.settings.default_max_tokens)
         greq, profile, machine_profile = await self.service.resolve(greq)
         req.context.model = profile.name

@@ -23,7 +23,7 @@ class CompletionsResource:
         self.service = service
 
     async def on_post(self, req, resp) -> None:
-        body = await read_json_body(req, self.settings.chat_body_limit)
+        body = await read_json_body(req, self.settings.chat_body_limit, self.settings.body_read_timeout_s)
         job = parse_completion_request(body)
         greq, profile, machine_profile = await self.service.resolve(job.request)
         req.context.model = profile.name

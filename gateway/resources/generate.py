@@ -51,7 +51,7 @@ class GenerateResource:
         req.context.model = profile.name
         hints = routing_hints(req, None, machine_profile)
         self.service.router.check_pool(hints)
-        body = await read_json_body(req, self.settings.generate_body_limit)
+        body = await read_json_body(req, self.settings.generate_body_limit, self.settings.body_read_timeout_s)
         greq = self.service.apply_profile(parse_generate_request(body, model), profile)
         hints = with_affinity(hints, greq)
         request_id = req.context.request_id

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
-from tests.integration.conftest import MAX_OUTPUT, MODEL, SIE_MODEL, assert_error, assert_sie_headers, metric_value
+from tests.integration.conftest import (
+    MAX_OUTPUT,
+    MODEL,
+    SIE_MODEL,
+    assert_error,
+    assert_sie_headers,
+    metric_value,
+    tokens,
+)
 
 
 def big_chat_body(size: int) -> bytes:
@@ -158,3 +168,34 @@ async def test_unknown_route_and_wrong_method_use_envelope(gw):
     assert_error(resp, 405, "invalid_request", None)
     resp = await gw.client.get("/v1/chat/completions")
     assert_error(resp, 405, "invalid_request", None)
+
+
+async def _trickle(body: bytes, pause_s: float, stall_after: int | None = None):
+    """The body in 8-byte pieces, `pause_s` apart; with `stall_after`, the sender goes quiet after that many."""
+    for i in range(0, len(body), 8):
+        if stall_after is not None and i // 8 == stall_after:
+            await asyncio.sleep(3600)
+        yield body[i:i + 8]
+        await asyncio.sleep(pause_s)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})),
+    (f"/v1/generate/{SIE_MODEL}", json.dumps({"prompt": "hi", "max_new_tokens": 4})),
+])
+async def test_a_stalled_body_is_a_408_and_a_moving_one_is_read(make_gateway, path, body):
+    gw = await make_gateway(body_read_timeout_s=0.3)
+    gw.fake().script = lambda req: tokens("a", "b")
+    started = time.monotonic()
+    resp = await gw.client.post(path, content=_trickle(body.encode(), 0.0, stall_after=2),
+                                headers={"content-type": "application/json"})
+    err = assert_error(resp, 408, "request_timeout", None, "invalid_request_error")
+    assert err["message"] == "request body stalled: no data for 0.3 s"
+    assert time.monotonic() - started < 3
+    assert gw.fake().calls == []  # nothing reached the model
+    # slower in total than the timeout, but each piece arrives within it
+    started = time.monotonic()
+    resp = await gw.client.post(path, content=_trickle(body.encode(), 0.1),
+                                headers={"content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
+    assert time.monotonic() - started > 0.3
