@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -77,14 +78,10 @@ def growth_pct(samples: list[tuple[float, dict[str, float]]], from_s: float) -> 
     if len(window) < 3:
         return None
     times = [t for t, _ in window]
-    t_mean = sum(times) / len(times)
-    spread = sum((t - t_mean) ** 2 for t in times)
     growth = {}
     for group in GROUPS:
-        values = [mb[group] for _, mb in window]
-        v_mean = sum(values) / len(values)
-        slope = sum((t - t_mean) * (v - v_mean) for t, v in zip(times, values, strict=True)) / spread
-        start = v_mean + slope * (times[0] - t_mean)
+        slope, intercept = statistics.linear_regression(times, [mb[group] for _, mb in window])
+        start = intercept + slope * times[0]
         growth[group] = 100 * slope * (times[-1] - times[0]) / start
     return growth
 

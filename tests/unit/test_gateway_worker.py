@@ -7,6 +7,7 @@ one that connects and sends nothing, one that trickles its headers (slowloris)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import struct
@@ -36,7 +37,8 @@ async def _app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": BODY})
 
 
-def _serve(protocol: type, keep_alive_s: float = KEEP_ALIVE_S) -> Iterator[int]:
+@contextlib.contextmanager
+def _serving(protocol: type, keep_alive_s: float = KEEP_ALIVE_S) -> Iterator[int]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=port, http=protocol, loop="uvloop",
                                            lifespan="off", log_level="warning", timeout_keep_alive=keep_alive_s))
@@ -53,14 +55,21 @@ def _serve(protocol: type, keep_alive_s: float = KEEP_ALIVE_S) -> Iterator[int]:
         thread.join(10)
 
 
+def _get(sock: socket.socket, path: str) -> bytes:
+    """One request on the connection; the whole response."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gateway\r\n\r\n".encode())
+    sock.settimeout(5)
+    received = b""
+    while not received.endswith(BODY):
+        chunk = sock.recv(65536)
+        assert chunk, f"{path}: the server closed first: {received!r}"
+        received += chunk
+    return received
+
+
 def _request_then_reset(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: gateway\r\n\r\n")
-        received = b""
-        while not received.endswith(BODY):
-            chunk = sock.recv(65536)
-            assert chunk, f"the server closed first: {received!r}"
-            received += chunk
+        _get(sock, "/stream")
         # linger 0: close with a reset instead of a FIN
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
@@ -71,14 +80,13 @@ def _alive(protocol: type) -> int:
 
 
 def _alive_after_resets(protocol: type, connections: int) -> int:
-    for port in _serve(protocol):
+    with _serving(protocol) as port:
         for _ in range(connections):
             _request_then_reset(port)
         deadline = time.monotonic() + 3
         while _alive(protocol) and time.monotonic() < deadline:
             time.sleep(0.05)  # the server sees each reset a moment after the client sends it
         return _alive(protocol)
-    raise AssertionError("unreachable")
 
 
 def test_the_worker_runs_the_gateway_protocol_on_uvloop():
@@ -121,37 +129,28 @@ FAST_HEADERS = type("FastHeaderTimeout", (GatewayHttpProtocol,), {"header_timeou
 @pytest.mark.parametrize("protocol, closed", [(HttpToolsProtocol, False), (GatewayHttpProtocol, True)],
                          ids=["uvicorn-as-shipped", "gateway"])
 def test_a_connection_that_sends_nothing_is_closed_after_the_keep_alive(protocol, closed):
-    for port in _serve(protocol, keep_alive_s=1):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            if closed:
-                assert _read_until_closed(sock, within_s=5) == b""
-            else:  # the reference: uvicorn as shipped holds a silent socket past its keep-alive
-                assert _still_open_after(sock, 2.5)
+    with _serving(protocol, keep_alive_s=1) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        if closed:
+            assert _read_until_closed(sock, within_s=5) == b""
+        else:  # the reference: uvicorn as shipped holds a silent socket past its keep-alive
+            assert _still_open_after(sock, 2.5)
 
 
 def test_headers_trickled_past_the_header_timeout_get_a_408_and_a_close():
-    for port in _serve(FAST_HEADERS):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n")  # ...and no more
-            started = time.monotonic()
-            answer = _read_until_closed(sock, within_s=5)
-            assert answer.startswith(b"HTTP/1.1 408 "), answer
-            assert b"connection: close" in answer.lower()
-            assert 0.4 < time.monotonic() - started < 3
+    with _serving(FAST_HEADERS) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n")  # ...and no more
+        started = time.monotonic()
+        answer = _read_until_closed(sock, within_s=5)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"connection: close" in answer.lower()
+        assert 0.4 < time.monotonic() - started < 3
 
 
 def test_the_header_timeout_bounds_only_the_headers():
     """A response slower than the header timeout is not cut, and a kept-alive connection idle for longer than
     it between requests still serves the next one (idle time is the keep-alive's)."""
-    for port in _serve(FAST_HEADERS):
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            for path, pause_after in (("/slow", 1.0), ("/", 0.0)):
-                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gateway\r\n\r\n".encode())
-                received = b""
-                sock.settimeout(5)
-                while not received.endswith(BODY):
-                    chunk = sock.recv(65536)
-                    assert chunk, f"{path}: closed early: {received!r}"
-                    received += chunk
-                assert received.startswith(b"HTTP/1.1 200 "), received
-                time.sleep(pause_after)
+    with _serving(FAST_HEADERS) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        for path, pause_after in (("/slow", 1.0), ("/", 0.0)):
+            received = _get(sock, path)
+            assert received.startswith(b"HTTP/1.1 200 "), received
+            time.sleep(pause_after)
