@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.discovery import DnsSource, Resolver, resolve_dns
 from gateway.errors import ModelNotFound, Provisioning, Unavailable
 from gateway.profile import ModelProfile, canonical_id
 from gateway.settings import EndpointConfig, PoolConfig, Settings
@@ -25,6 +26,7 @@ class Endpoint:
     models: dict[str, ModelProfile] = field(default_factory=dict)  # canonical id -> profile
     not_ready: set[str] = field(default_factory=set)  # Triton names still loading / unavailable
     outstanding: int = 0
+    discovered: bool = False  # came from the pool's DNS source (dropped when its address goes)
 
     @property
     def name(self) -> str:
@@ -32,19 +34,24 @@ class Endpoint:
 
 
 class ModelRegistry:
-    def __init__(self, settings: Settings, client_factory: Callable[[str], TritonClient] = TritonClient) -> None:
+    def __init__(self, settings: Settings, client_factory: Callable[[str], TritonClient] = TritonClient,
+                 resolver: Resolver = resolve_dns) -> None:
         self.settings = settings
+        self._client_factory = client_factory
         self.endpoints = [
             Endpoint(config=e, pool=pool, client=client_factory(e.url))
             for pool in settings.pools
             for e in pool.endpoints
         ]
+        self._dns = [DnsSource(pool, resolver) for pool in settings.pools if pool.dns]
+        self._retired: list[Endpoint] = []  # dropped from DNS; closed once their last request is done
         self.refreshed_once = False
         self.refreshed_at = 0.0
         self._refresh_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
     async def refresh(self) -> None:
+        await self._rediscover()
         await asyncio.gather(*(self._refresh_endpoint(e) for e in self.endpoints))
         self.refreshed_once = True
         self.refreshed_at = time.monotonic()
@@ -79,6 +86,34 @@ class ModelRegistry:
                 not_ready.add(name)
         endpoint.models, endpoint.not_ready, endpoint.healthy = models, not_ready, True
 
+    async def _rediscover(self) -> None:
+        """Re-resolve each DNS pool that is due: new addresses become endpoints, gone ones leave routing.
+
+        A dropped endpoint keeps its client until its in-flight requests end (a draining pod leaves DNS
+        while its streams still run)."""
+        now = time.monotonic()
+        for source in self._dns:
+            if not source.due(now):
+                continue
+            configs = await source.resolve()
+            if configs is None:
+                continue
+            wanted = {c.url: c for c in configs}
+            kept, dropped = [], []
+            for endpoint in self.endpoints:
+                if endpoint.discovered and endpoint.pool is source.pool and endpoint.config.url not in wanted:
+                    dropped.append(endpoint)
+                else:
+                    kept.append(endpoint)
+            present = {e.config.url for e in kept if e.discovered and e.pool is source.pool}
+            kept += [Endpoint(config=c, pool=source.pool, client=self._client_factory(c.url), discovered=True)
+                     for url, c in wanted.items() if url not in present]
+            self.endpoints = kept
+            self._retired += dropped
+        for endpoint in [e for e in self._retired if e.outstanding <= 0]:
+            self._retired.remove(endpoint)
+            await endpoint.client.close()
+
     def provisioning(self, message: str) -> Provisioning:
         """503 PROVISIONING with the operator's Retry-After (the contract's 60 s by default)."""
         return Provisioning(message, retry_after=self.settings.provisioning_retry_after_s)
@@ -94,16 +129,17 @@ class ModelRegistry:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        for endpoint in self.endpoints:
+        for endpoint in self.endpoints + self._retired:
             await endpoint.client.close()
 
     async def _loop(self) -> None:
+        period = min([self.settings.model_refresh_s, *(s.pool.dns_refresh_s for s in self._dns)])
         while True:
             try:
                 await self.refresh()
             except Exception:
                 log.exception("model refresh failed")
-            await asyncio.sleep(self.settings.model_refresh_s)
+            await asyncio.sleep(period)
 
     # -- lookups -------------------------------------------------------------------------------
 

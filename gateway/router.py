@@ -64,7 +64,7 @@ class Router:
         pool = next((p for p in self.registry.settings.pools if p.name == hints.pool), None)
         if pool is None:
             raise NotFound(f"pool '{hints.pool}' not found", param="pool")
-        if not pool.endpoints:
+        if not pool.endpoints and not pool.dns:  # a DNS pool with no address yet is provisioning, below
             raise PoolCapacityUnavailable(f"pool '{hints.pool}' has no capacity (zero endpoints configured)")
 
     def candidates(self, profile: ModelProfile, hints: RoutingHints) -> list[Endpoint]:

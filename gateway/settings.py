@@ -24,6 +24,9 @@ class PoolConfig:
     name: str
     machine_profile: str = "default"
     endpoints: tuple[EndpointConfig, ...] = ()
+    dns: str | None = None  # host:port (a headless Service): endpoints are its addresses, re-resolved
+    dns_refresh_s: float = 5.0
+    dns_remote: bool = False  # whether the discovered endpoints count as remote (X-SIE-Remote: forbid)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,10 @@ class Settings:
 
 
 def _pools_from(env: dict[str, str]) -> tuple[PoolConfig, ...]:
-    """`SIE_GATEWAY_CONFIG` (YAML with `pools:`) wins; else one local Triton at TRITON_GRPC_URL."""
+    """`SIE_GATEWAY_CONFIG` (YAML with `pools:`) wins; else one local Triton at TRITON_GRPC_URL.
+
+    A pool lists `endpoints: [{url, remote, name}]`, or names `dns: host:port` (with `dns_refresh_s`,
+    `dns_remote`) whose addresses are its endpoints (gateway/discovery.py), or both."""
     path = env.get("SIE_GATEWAY_CONFIG")
     if path:
         data: dict[str, Any] = yaml.safe_load(Path(path).read_text()) or {}
@@ -83,8 +89,22 @@ def _pools_from(env: dict[str, str]) -> tuple[PoolConfig, ...]:
                 EndpointConfig(url=e["url"], remote=bool(e.get("remote", False)), name=e.get("name", e["url"]))
                 for e in spec.get("endpoints", [])
             )
-            pools.append(PoolConfig(str(name).lower(), spec.get("machine_profile", "default"), endpoints))
+            dns = spec.get("dns")
+            if dns is not None:
+                split_host_port(str(dns))  # a malformed source fails at start, not at the first refresh
+            pools.append(PoolConfig(str(name).lower(), spec.get("machine_profile", "default"), endpoints,
+                                    dns=str(dns) if dns is not None else None,
+                                    dns_refresh_s=float(spec.get("dns_refresh_s", 5.0)),
+                                    dns_remote=bool(spec.get("dns_remote", False))))
         if pools:
             return tuple(pools)
     url = env.get("TRITON_GRPC_URL") or f"localhost:{env.get('TRITON_GRPC_PORT', '8001')}"
     return (PoolConfig("default", "default", (EndpointConfig(url=url, name="local"),)),)
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """A pool's `dns` source: `name:8001` or `[v6]:8001`."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"a pool's dns must be host:port, got {value!r}")
+    return host.strip("[]"), int(port)
