@@ -25,8 +25,11 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def add_token(self, token_id: int) -> str:
-        """Feed one token; returns the newly released text (possibly empty)."""
+    def add_token(self, token_id: int, check_stop: bool = True) -> str:
+        """Feed one token; returns the newly released text (possibly empty).
+
+        `check_stop` False (before min_tokens): stop strings are not matched in this token's text, and a
+        later match must end in text decoded after it, as vLLM's check only looks at the new text."""
         self.token_ids.append(token_id)
         prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.token_ids[self.prefix_offset :])
@@ -34,14 +37,15 @@ class IncrementalDetokenizer:
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
-        return self._release(full[len(prefix) :])
+        return self._release(full[len(prefix) :], check_stop)
 
-    def _release(self, new_text: str) -> str:
+    def _release(self, new_text: str, check_stop: bool) -> str:
+        checked = len(self.pending)  # what is held was already checked (or exempt): a match must end past it
         self.pending += new_text
         if not self.stop:
             out, self.pending = self.pending, ""
             return out
-        cut = _first_stop(self.pending, self.stop)
+        cut = _first_stop(self.pending, self.stop, checked) if check_stop else None
         if cut is not None:
             index, stop = cut
             self.matched_stop = stop
@@ -58,10 +62,11 @@ class IncrementalDetokenizer:
         return out
 
 
-def _first_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
+def _first_stop(text: str, stops: list[str], checked: int) -> tuple[int, str] | None:
+    """The earliest stop string in `text` that ends past its first `checked` characters."""
     best: tuple[int, str] | None = None
     for stop in stops:
-        index = text.find(stop)
+        index = text.find(stop, max(0, checked - len(stop) + 1))
         if index >= 0 and (best is None or index < best[0]):
             best = (index, stop)
     return best

@@ -44,7 +44,8 @@ class OutputStage:
             # ignore_eos never keeps a candidate going that its grammar has ended
             seq.finish_reason = "stop"
         else:
-            self._add_text(seq, seq.detok.add_token(token))
+            # min_tokens holds back stop strings too, as it does EOS and stop ids (in the sampler)
+            self._add_text(seq, seq.detok.add_token(token, check_stop=len(seq.output_ids) >= params.min_tokens))
             if seq.detok.matched_stop is not None:
                 seq.finish_reason, seq.stop_reason = "stop", seq.detok.matched_stop
             elif seq.grammar is not None and seq.grammar.is_terminated():

@@ -178,3 +178,13 @@ def test_schema_fuzz_no_5xx_and_enveloped_4xx(stub):
             assert (code if isinstance(code, str) else code[0]) == error["code"]
 
     run()
+
+
+def test_min_tokens_holds_back_a_stop_string(openai_client):
+    """The contract's min_tokens: no stop condition fires before it, a stop string included (issue 19)."""
+    free = openai_client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=30, temperature=0, stop=["e"])
+    assert free.usage.completion_tokens < 12  # an "e" comes early: the held-back case below means something
+    held = openai_client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=30, temperature=0, stop=["e"],
+                                            extra_body={"min_tokens": 12})
+    assert held.usage.completion_tokens >= 12
+    assert held.choices[0].finish_reason == "stop" and not held.choices[0].text.endswith("e")
