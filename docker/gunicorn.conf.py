@@ -5,7 +5,8 @@
 Environment (read here only; the app reads its own settings once at start):
 GATEWAY_HOST (0.0.0.0), GATEWAY_PORT (8080), GATEWAY_WORKERS (2), GATEWAY_GRACEFUL_TIMEOUT (30 s),
 GATEWAY_KEEPALIVE (75 s), GATEWAY_LOG_LEVEL (info), GATEWAY_ACCESS_LOG (off; 1/true to log request lines).
-The worker class reads one more: GATEWAY_HEADER_TIMEOUT (30 s), see gateway/worker.py.
+The worker class reads two more: GATEWAY_HEADER_TIMEOUT (30 s) and GATEWAY_MAX_HEADER_BYTES (64 KiB), see
+gateway/worker.py.
 """
 
 from __future__ import annotations

@@ -14,12 +14,15 @@ ENABLED_MODES = frozenset({"token", "static"})
 
 
 def _bearer(header: str | None) -> str | None:
-    if not header:
+    """The token of `Authorization: Bearer <token>`; None when the header is absent or blank.
+
+    Any other form (no scheme, `Basic`, `Bearer` alone) is a credential sent wrong: 401, never guessed at."""
+    if header is None or not header.strip():
         return None
-    value = header.strip()
-    if value[:7].lower() == "bearer ":
-        value = value[7:].strip()
-    return value or None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("Authorization must be 'Bearer <token>'", token_sent=True)
+    return token.strip()
 
 
 class Authenticator:
@@ -36,11 +39,13 @@ class Authenticator:
         presented = [t for t in (_bearer(authorization), (api_key or "").strip() or None) if t]
         if not presented:
             raise Unauthorized("Missing Authorization header")
-        for token in presented:
-            # compare against every configured token, in constant time per comparison
-            matched = False
-            for known in self.tokens:
-                matched |= hmac.compare_digest(token.encode(), known)
-            if matched:
-                return
-        raise Unauthorized("Invalid token")
+        # every credential sent must be valid: a wrong one is never rescued by a right one beside it
+        if not all(self._known(token) for token in presented):
+            raise Unauthorized("Invalid token", token_sent=True)
+
+    def _known(self, token: str) -> bool:
+        # compare against every configured token, in constant time per comparison
+        matched = False
+        for known in self.tokens:
+            matched |= hmac.compare_digest(token.encode(), known)
+        return matched

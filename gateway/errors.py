@@ -56,6 +56,15 @@ class GatewayError(Exception):
         return headers
 
 
+def quoted(value: object, limit: int = 64) -> str:
+    """`value` quoted for an error message, cut to its first `limit` characters: a client's input is named,
+    never echoed back whole (a 1 MB header must not come back in a 1 MB error)."""
+    text = str(value)
+    if len(text) <= limit:
+        return f"'{text}'"
+    return f"'{text[:limit]}...' ({len(text)} characters)"
+
+
 def _format_retry_after(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
 
@@ -95,9 +104,19 @@ class NotFound(GatewayError):
 
 
 class Unauthorized(GatewayError):
+    """401; `WWW-Authenticate` names the scheme (RFC 9110 11.6.1), with `invalid_token` when one was sent
+    (RFC 6750 3.1)."""
+
     status = 401
     type = "authentication_error"
     code = "UNAUTHORIZED"
+
+    def __init__(self, message: str, *, token_sent: bool = False) -> None:
+        super().__init__(message)
+        self.challenge = 'Bearer realm="sie"' + (', error="invalid_token"' if token_sent else "")
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "WWW-Authenticate": self.challenge}
 
 
 class PayloadTooLarge(GatewayError):
@@ -136,6 +155,15 @@ class Provisioning(Unavailable):
     (scale from zero, a restarting server). The SDK retries it under `wait_for_capacity`."""
 
     code = "PROVISIONING"
+
+
+class MachineProfileNotConfigured(GatewayError):
+    """`X-SIE-MACHINE-PROFILE` names a profile no pool of this gateway has (sie-contract.md 2.4: 503
+    `GPU_NOT_CONFIGURED`). Configuration, not capacity: no `Retry-After`, so clients do not retry it."""
+
+    status = 503
+    type = "server_error"
+    code = "GPU_NOT_CONFIGURED"
 
 
 class PoolCapacityUnavailable(Unavailable):

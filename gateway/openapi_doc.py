@@ -30,8 +30,9 @@ _ERROR = {
 
 
 # every status the generation routes answer with an error envelope: 408 a stalled body or a cancelled
-# generation, 429 the engine's rate limit, 502 an inter-chunk timeout, 504 the first-chunk/overall one
-_ERROR_STATUSES = (400, 401, 404, 408, 413, 429, 500, 502, 503, 504)
+# generation, 429 the engine's rate limit, 431 request headers over GATEWAY_MAX_HEADER_BYTES (gateway/worker.py),
+# 502 an inter-chunk timeout, 504 the first-chunk/overall one
+_ERROR_STATUSES = (400, 401, 404, 408, 413, 429, 431, 500, 502, 503, 504)
 
 
 def _errors(*statuses: int) -> dict[str, Any]:

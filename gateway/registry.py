@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.discovery import DnsSource, Resolver, resolve_dns
-from gateway.errors import ModelNotFound, Provisioning, Unavailable
+from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
 from gateway.profile import ModelProfile, canonical_id
 from gateway.settings import EndpointConfig, PoolConfig, Settings
 from gateway.triton.client import TritonClient
@@ -178,8 +178,8 @@ class ModelRegistry:
         loose = {_loose(w) for w in wanted} | {_loose(w.rpartition("/")[2]) for w in wanted}
         for endpoint in self.endpoints:
             if endpoint.healthy and any(_loose(n) in loose for n in endpoint.not_ready):
-                raise Unavailable(f"model '{requested}' is loading", code="MODEL_LOADING", retry_after=5)
-        raise ModelNotFound(f"Model '{requested}' not found", param="model")
+                raise Unavailable(f"model {quoted(requested)} is loading", code="MODEL_LOADING", retry_after=5)
+        raise ModelNotFound(f"Model {quoted(requested)} not found", param="model")
 
 
 def _loose(name: str) -> str:

@@ -7,7 +7,14 @@ import random
 import re
 from dataclasses import dataclass
 
-from gateway.errors import InvalidRequest, NotFound, PoolCapacityUnavailable, Unavailable
+from gateway.errors import (
+    InvalidRequest,
+    MachineProfileNotConfigured,
+    NotFound,
+    PoolCapacityUnavailable,
+    Unavailable,
+    quoted,
+)
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
 
@@ -76,10 +83,9 @@ class Router:
         if hints.machine_profile is not None:
             endpoints = [e for e in endpoints if e.pool.machine_profile == hints.machine_profile]
             if not endpoints:
-                raise Unavailable(
-                    f"machine profile '{hints.machine_profile}' is not configured on this gateway",
+                raise MachineProfileNotConfigured(
+                    f"machine profile {quoted(hints.machine_profile)} is not configured on this gateway",
                     param="X-SIE-MACHINE-PROFILE",
-                    retry_after=None,
                 )
         serving = [e for e in endpoints if profile.name in e.models or profile.triton_model in e.not_ready]
         if hints.forbid_remote:

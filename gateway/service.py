@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gateway.contracts.profile_checks import check_against_profile
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.errors import GatewayError, InvalidRequest, MalformedWorkerResponse, UpstreamTimeout, worker_error
+from gateway.errors import GatewayError, InvalidRequest, MalformedWorkerResponse, UpstreamTimeout, quoted, worker_error
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
@@ -139,7 +139,8 @@ class GenerationService:
         profile, machine_profile = await self.registry.resolve(model)
         if machine_profile not in (None, "default") and \
                 machine_profile not in {p.machine_profile for p in self.settings.pools}:
-            raise InvalidRequest(f"profile '{machine_profile}' is not configured on this gateway", param="profile")
+            raise InvalidRequest(f"profile {quoted(machine_profile)} is not configured on this gateway",
+                                 param="profile")
         return profile, machine_profile
 
     @staticmethod

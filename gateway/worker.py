@@ -3,8 +3,9 @@
 uvicorn's defaults pick them only when installed; naming them here makes a missing dependency
 fail at start instead of silently falling back to the pure-Python parser (several times slower).
 
-Environment: GATEWAY_HEADER_TIMEOUT (30 s): how long a client may take to send a request's headers,
-from its first byte (see `GatewayHttpProtocol`).
+Environment (see `GatewayHttpProtocol`): GATEWAY_HEADER_TIMEOUT (30 s): how long a client may take to send a
+request's headers, from its first byte; GATEWAY_MAX_HEADER_BYTES (65536): the most bytes a request line plus its
+headers may take.
 """
 
 from __future__ import annotations
@@ -23,6 +24,27 @@ def _header_timeout_from_env() -> float:
         raise ValueError(f"GATEWAY_HEADER_TIMEOUT must be > 0 seconds, got {raw!r}")
     return value
 
+
+def _max_header_bytes_from_env() -> int:
+    raw = os.environ.get("GATEWAY_MAX_HEADER_BYTES", "").strip()
+    value = int(raw) if raw else 64 * 1024
+    if value < 1024:
+        raise ValueError(f"GATEWAY_MAX_HEADER_BYTES must be >= 1024, got {raw!r}")
+    return value
+
+
+def _headers_too_large_response(limit: int) -> bytes:
+    """431 in the contract's envelope (written by the protocol: the app never sees such a request)."""
+    body = (b'{"error":{"message":"request line and headers exceed %d bytes","type":"invalid_request_error",'
+            b'"param":null,"code":"invalid_request"}}' % limit)
+    return (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"x-sie-error-code: invalid_request\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (len(body), body))
+
+
+# After a rejection, how long the rest of what the client is sending is read and dropped before the close (nginx's
+# lingering close): closing with unread data sends a reset, which can destroy the response before the client reads it.
+_LINGER_S = 2.0
 
 _HEADER_TIMEOUT_BODY = b"request headers not received in time"
 _HEADER_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -47,17 +69,35 @@ class GatewayHttpProtocol(HttpToolsProtocol):
       client gets a 408 and the connection closes (nginx's `client_header_timeout`): a client that
       trickles headers (slowloris) cannot hold sockets open. The body and the generation are bounded
       by the gateway's own timeouts, not here.
+    - **Request headers are bounded in size** (`max_header_bytes`, request line included): past it the client
+      gets a 431 and the connection closes. httptools has no limit of its own and buffers a header value whole
+      before handing it over, so a 100 MB header was held in memory; now at most the limit plus one read.
     """
 
     header_timeout_s: float = _header_timeout_from_env()
-    _header_timer: asyncio.TimerHandle | None = None
+    max_header_bytes: int = _max_header_bytes_from_env()
+    _header_timer: asyncio.TimerHandle | None = None  # set while a request's headers are arriving
+    _header_bytes = 0
+    _lingering: asyncio.TimerHandle | None = None  # set once the connection is rejected: input is dropped
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
+    def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return
+        super().data_received(data)
+        if self._header_timer is None or self.transport.is_closing():
+            return  # not inside a request's headers (the body, or between requests)
+        self._header_bytes += len(data)
+        if self._header_bytes > self.max_header_bytes:
+            self._stop_header_timer()
+            self._reject(_headers_too_large_response(self.max_header_bytes))
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_bytes = 0
         self._stop_header_timer()
         self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
 
@@ -69,6 +109,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         self._unset_keepalive_if_required()
         self._stop_header_timer()
+        if self._lingering is not None:
+            self._lingering.cancel()
 
     def _stop_header_timer(self) -> None:
         if self._header_timer is not None:
@@ -77,11 +119,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _headers_timed_out(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing():
+        if not self.transport.is_closing():
+            self._reject(_HEADER_TIMEOUT_RESPONSE)
+
+    def _reject(self, response: bytes) -> None:
+        """Answer, then close: at once inside a pipelined response, else after a lingering read."""
+        if self.cycle is not None and not self.cycle.response_complete:  # never inside a pipelined response
+            self.transport.close()
             return
-        if self.cycle is None or self.cycle.response_complete:  # never inside a pipelined response
-            self.transport.write(_HEADER_TIMEOUT_RESPONSE)
-        self.transport.close()
+        self.transport.write(response)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()  # the client reads the answer, then our end; its own close ends the connection
+        self._lingering = self.loop.call_later(_LINGER_S, self.transport.close)
 
 
 class GatewayWorker(UvicornWorker):

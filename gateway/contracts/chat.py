@@ -28,6 +28,7 @@ from gateway.contracts.common import (
 from gateway.contracts.images import MAX_IMAGES
 from gateway.contracts.schema_limits import SchemaRejected, check_and_inline
 from gateway.domain import GenerationRequest, GrammarSpec
+from gateway.errors import quoted
 
 DEFAULT_MAX_TOKENS = 1024
 MAX_TOOLS = 64
@@ -238,7 +239,7 @@ class ChatCompletionRequest(ContractModel):
         if isinstance(choice, dict):
             name = choice["function"]["name"]
             if name not in {tool.function.name for tool in self.tools}:
-                raise violation(f"names function '{name}' which is not in 'tools'", "tool_choice")
+                raise violation(f"names function {quoted(name)} which is not in 'tools'", "tool_choice")
         forcing = choice == "required" or isinstance(choice, dict)
         if forcing and self.response_format is not None and self.response_format.type != "text":
             raise violation(

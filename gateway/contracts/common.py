@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedField
+from gateway.errors import GatewayError, InvalidRequest, UnsupportedField, quoted
 
 INVALID = "invalid_request"
 UNSUPPORTED = "unsupported_field"
@@ -166,7 +166,7 @@ class ContractModel(BaseModel):
         if unknown and cls.unknown_key_code is not None:
             key = str(unknown[0])
             if cls.unknown_key_on_self:
-                raise violation(f"has unknown key '{key}'", code=cls.unknown_key_code)
+                raise violation(f"has unknown key {quoted(key)}", code=cls.unknown_key_code)
             rule = cls.rejected_keys.get(key, "is not supported by this endpoint")
             raise violation(rule, key, code=cls.unknown_key_code)
         # Null means absent: dropping it lets defaults apply and "missing" fire for required fields.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.domain import GenerationRequest
-from gateway.errors import ContextExceeded, InvalidRequest, UnknownLoraAdapter, UnsupportedField
+from gateway.errors import ContextExceeded, InvalidRequest, UnknownLoraAdapter, UnsupportedField, quoted
 from gateway.profile import ModelProfile
 
 # Chat's json_object mode is compiled as a JSON Schema grammar.
@@ -40,7 +40,7 @@ def check_against_profile(req: GenerationRequest, profile: ModelProfile) -> None
 def _check_lora(req: GenerationRequest, profile: ModelProfile) -> None:
     if req.lora_adapter is not None and req.lora_adapter not in profile.lora_adapters:
         raise UnknownLoraAdapter(
-            f"unknown LoRA adapter '{req.lora_adapter}' for model '{profile.name}'",
+            f"unknown LoRA adapter {quoted(req.lora_adapter)} for model '{profile.name}'",
             param="lora_adapter",
         )
 

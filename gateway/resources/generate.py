@@ -8,7 +8,7 @@ import orjson
 
 from gateway.body import read_json_body
 from gateway.contracts.generate import parse_generate_request
-from gateway.errors import InvalidRequest, WorkerError, worker_error
+from gateway.errors import InvalidRequest, WorkerError, quoted, worker_error
 from gateway.metrics import TTFT
 from gateway.render.generate import GenerateStreamRenderer, render_generate_response
 from gateway.resources.common import collect_or_cancel, routing_hints, set_sse_headers, with_affinity
@@ -34,7 +34,7 @@ def model_from_path(req) -> str:
     if "/" in model:
         safe = model.replace("/", "__")
         raise InvalidRequest(
-            f"model id '{model}' contains '/'; use the SIE-safe id '{safe}' in the path", param="model"
+            f"model id {quoted(model)} contains '/'; use the SIE-safe id {quoted(safe)} in the path", param="model"
         )
     return model
 

@@ -23,9 +23,9 @@ async def test_auth_mode_none_needs_no_token(gw):
     {"Authorization": "Bearer tok-one"},
     {"Authorization": "bearer tok-two"},
     {"Authorization": "BEARER   tok-one  "},
-    {"Authorization": "tok-one"},  # a raw token value
     {"x-api-key": "tok-two"},
     {"X-API-Key": "tok-one"},
+    {"Authorization": "Bearer tok-one", "x-api-key": "tok-two"},  # both sent, both valid
 ])
 async def test_valid_token_admits(secured, headers):
     assert (await secured.chat(headers=headers)).status_code == 200
@@ -36,12 +36,25 @@ async def test_valid_token_admits(secured, headers):
     {"Authorization": "Bearer wrong"},
     {"Authorization": "Bearer tok-one-and-more"},
     {"x-api-key": "tok"},
-    {"Authorization": "Basic dG9rLW9uZQ=="},
+    # a wrong credential is never rescued by a right one beside it
+    {"Authorization": "Bearer wrong", "x-api-key": "tok-one"},
+    {"Authorization": "Bearer tok-one", "x-api-key": "wrong"},
 ])
 async def test_wrong_token_is_401(secured, headers):
     for resp in (await secured.chat(headers=headers), await secured.generate(headers=headers)):
         err = assert_error(resp, 401, "UNAUTHORIZED", None, "authentication_error")
         assert err["message"] == "Invalid token"
+        assert resp.headers["www-authenticate"] == 'Bearer realm="sie", error="invalid_token"'
+    assert not secured.calls
+
+
+@pytest.mark.parametrize("value", ["tok-one", "Basic dG9rLW9uZQ==", "Token tok-one", "Bearer", "Bearer "])
+async def test_authorization_without_the_bearer_scheme_is_401(secured, value):
+    """A bare token (no scheme) or another scheme is a credential sent wrong, even when the token is right."""
+    for headers in ({"Authorization": value}, {"Authorization": value, "x-api-key": "tok-one"}):
+        err = assert_error(await secured.chat(headers=headers), 401, "UNAUTHORIZED", None, "authentication_error")
+        assert err["message"] == "Authorization must be 'Bearer <token>'"
+        assert "Bearer" in (await secured.generate(headers=headers)).headers["www-authenticate"]
     assert not secured.calls
 
 
@@ -50,10 +63,7 @@ async def test_missing_token_is_401(secured, headers):
     resp = await secured.chat(headers=headers)
     err = assert_error(resp, 401, "UNAUTHORIZED", None, "authentication_error")
     assert err["message"] == "Missing Authorization header"
-
-
-async def test_bare_bearer_is_401(secured):
-    assert_error(await secured.chat(headers={"Authorization": "Bearer "}), 401, "UNAUTHORIZED", None)
+    assert resp.headers["www-authenticate"] == 'Bearer realm="sie"'  # RFC 9110: every 401 names the scheme
 
 
 async def test_auth_runs_before_body_parsing(secured):

@@ -147,8 +147,15 @@ async def test_machine_profile_selects_pool(make_gateway):
 
 
 async def test_unconfigured_machine_profile_is_503(gw):
+    """sie-contract.md 2.4: 503 GPU_NOT_CONFIGURED. Configuration, not a transport failure: no Retry-After, so
+    the SDK does not retry it; and a huge value is named by a short prefix, never echoed back whole."""
     resp = await gw.chat(headers={"X-SIE-MACHINE-PROFILE": "h100"})
-    assert_error(resp, 503, "transport_failure", "X-SIE-MACHINE-PROFILE")
+    err = assert_error(resp, 503, "GPU_NOT_CONFIGURED", "X-SIE-MACHINE-PROFILE", "server_error")
+    assert err["message"] == "machine profile 'h100' is not configured on this gateway"
+    assert "retry-after" not in resp.headers
+    resp = await gw.generate(headers={"X-SIE-MACHINE-PROFILE": "z" * 1_000_000})
+    err = assert_error(resp, 503, "GPU_NOT_CONFIGURED", "X-SIE-MACHINE-PROFILE")
+    assert len(resp.content) < 1000 and "(1000000 characters)" in err["message"]
     resp = await gw.chat(headers={"X-SIE-MACHINE-PROFILE": "nopool/l4"})
     assert_error(resp, 404, "invalid_request", "pool")
 
@@ -169,3 +176,21 @@ async def test_a_model_loaded_after_the_last_refresh_is_found_at_once(make_gatew
     assert r.status_code == 200, r.text
     unknown = await gw.generate(model="acme__Nothing")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("field", ["model", "lora_adapter", "unknown_key"])
+async def test_errors_quote_only_a_prefix_of_a_huge_value(gw, field):
+    huge = "m" * 2_000_000
+    if field == "model":
+        resp = await gw.chat(model=huge)
+        code, param = "model_not_found", "model"
+    elif field == "lora_adapter":
+        resp = await gw.chat(lora_adapter=huge)
+        code, param = "unknown_lora_adapter", "lora_adapter"
+    else:
+        resp = await gw.client.post(f"/v1/generate/{SIE_MODEL}",
+                                    json={"prompt": "x", "max_new_tokens": 1, "options": {huge: 1}})
+        code, param = "invalid_request", "options"
+    err = assert_error(resp, resp.status_code, code, param)
+    assert resp.status_code in (400, 404)
+    assert len(resp.content) < 1000 and "(2000000 characters)" in err["message"], err["message"][:200]

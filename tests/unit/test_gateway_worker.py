@@ -154,3 +154,38 @@ def test_the_header_timeout_bounds_only_the_headers():
             received = _get(sock, path)
             assert received.startswith(b"HTTP/1.1 200 "), received
             time.sleep(pause_after)
+
+
+SMALL_HEADERS = type("SmallHeaderLimit", (GatewayHttpProtocol,), {"max_header_bytes": 8192})
+
+
+@pytest.mark.parametrize("size", [20_000, 4 * 1024 * 1024], ids=["just-over", "4MB"])
+def test_headers_over_the_limit_get_a_431_and_a_close(size):
+    """httptools buffers a header whole before handing it over: without a limit the server holds 4 MB (or
+    100 MB) of one header and keeps reading; with it, the client gets a 431 at the limit."""
+    with _serving(SMALL_HEADERS) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        request = b"GET / HTTP/1.1\r\nHost: gateway\r\nX-SIE-MACHINE-PROFILE: " + b"a" * size
+        with contextlib.suppress(OSError):  # the server may close before it has read everything
+            sock.sendall(request)  # ...and the headers never end
+        answer = _read_until_closed(sock, within_s=5)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"x-sie-error-code: invalid_request" in head.lower()
+        assert b"connection: close" in head.lower()
+        assert b'"code":"invalid_request"' in body and b"8192 bytes" in body
+        assert len(answer) < 1024  # nothing of what was sent comes back
+
+
+def test_headers_under_the_limit_with_a_large_body_are_served():
+    """Only the request line and headers count: a body arriving in the same reads does not."""
+    body = b"x" * 200_000
+    with _serving(SMALL_HEADERS) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: gateway\r\nX-Pad: " + b"p" * 7000 +
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        sock.settimeout(5)
+        received = b""
+        while not received.endswith(BODY):
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200 "), received[:200]
