@@ -42,7 +42,8 @@ keepalive = _int_env("GATEWAY_KEEPALIVE", 75, 1)
 max_requests = 0
 
 # Access log off unless asked; when on, uvicorn logs the request line only (client, method, path,
-# status): never bodies or headers, so no prompt and no bearer token reaches the log.
+# status): never bodies, headers or the query string (gateway/worker.py), so no prompt and no credential
+# reaches the log.
 accesslog = "-" if os.environ.get("GATEWAY_ACCESS_LOG", "").lower() in {"1", "true", "yes", "on"} else None
 errorlog = "-"
 loglevel = os.environ.get("GATEWAY_LOG_LEVEL", "info").lower()

@@ -52,7 +52,7 @@ class GatewayError(Exception):
     def headers(self) -> dict[str, str]:
         headers = {"X-SIE-Error-Code": self.header_code or self.code}
         if self.retry_after is not None:
-            headers["Retry-After"] = _format_retry_after(self.retry_after)
+            headers["Retry-After"] = format_retry_after(self.retry_after)
         return headers
 
 
@@ -65,7 +65,7 @@ def quoted(value: object, limit: int = 64) -> str:
     return f"'{text[:limit]}...' ({len(text)} characters)"
 
 
-def _format_retry_after(seconds: float) -> str:
+def format_retry_after(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
 
 

@@ -37,6 +37,7 @@ class GenerationSession:
     started: float
     ttft_s: float
     deadline: float
+    outage_retry_after_s: float = 60.0  # one Retry-After for every answer of one Triton outage
     closed: bool = field(default=False)
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
@@ -68,6 +69,9 @@ class GenerationSession:
                     if _we_are_cancelled():
                         raise
                     raise upstream_cancelled() from None
+                except UpstreamUnavailable as exc:  # Triton went away mid-request: the outage's Retry-After
+                    exc.retry_after = self.outage_retry_after_s
+                    raise
                 yield event
         finally:
             await self.close()
@@ -172,7 +176,10 @@ class GenerationService:
                 self.registry.mark_unhealthy(endpoint)
                 UPSTREAM_ERRORS.labels(code=exc.code).inc()
                 log.warning("endpoint %s failed before the first token; trying another", endpoint.name)
-                last_error = exc
+                # the same answer as the requests after it, which find the endpoint unhealthy (503 PROVISIONING):
+                # within one outage the code and Retry-After do not change from one request to the next
+                last_error = self.registry.provisioning(f"no Triton endpoint serving '{profile.name}' is reachable "
+                                                        f"({exc.message}); provisioning in progress, retry shortly")
                 continue
             except TimeoutError:
                 endpoint.outstanding -= 1
@@ -194,7 +201,7 @@ class GenerationService:
                 raise exc from None
             return GenerationSession(
                 profile, req, request_id, endpoint, first, stream, timeouts,
-                started, time.monotonic() - started, deadline,
+                started, time.monotonic() - started, deadline, self.settings.provisioning_retry_after_s,
             )
         assert last_error is not None
         raise last_error

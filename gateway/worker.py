@@ -11,6 +11,7 @@ headers may take.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -135,5 +136,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._lingering = self.loop.call_later(_LINGER_S, self.transport.close)
 
 
+class PathOnlyAccessLog(logging.Filter):
+    """uvicorn's access line (`client - "METHOD path HTTP/v" status`) with the path alone: a query string can
+    carry a credential (`?api_key=...`) or a prompt, and neither may reach a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        return True
+
+
 class GatewayWorker(UvicornWorker):
     CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": GatewayHttpProtocol, "loop": "uvloop"}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # points uvicorn's access logger at gunicorn's (GATEWAY_ACCESS_LOG)
+        logging.getLogger("uvicorn.access").addFilter(PathOnlyAccessLog())

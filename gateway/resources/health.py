@@ -9,6 +9,7 @@ import urllib.parse
 import falcon
 import orjson
 
+from gateway.errors import format_retry_after
 from gateway.metrics import render_metrics
 from gateway.profile import ModelProfile
 from gateway.registry import ModelRegistry
@@ -20,20 +21,25 @@ class HealthResource:
         resp.content_type = "application/json"
 
 
+READY_MAX_AGE_S = 1.0
+
+
 class ReadyResource:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
     async def on_get(self, req, resp) -> None:
-        # readiness reflects Triton right now, not the last background refresh
-        await self.registry.refresh()
+        # readiness reflects Triton as of at most a second ago: fresh enough for a probe, and open to anyone
+        # without a Triton call per request (concurrent probes share one refresh)
+        await self.registry.refresh_if_stale(max_age_s=READY_MAX_AGE_S)
         healthy = sum(1 for e in self.registry.endpoints if e.healthy and e.models)
         resp.content_type = "application/json"
         if healthy:
             resp.data = orjson.dumps({"status": "ready", "healthy_workers": healthy})
         else:
             resp.status = 503
-            resp.set_header("Retry-After", "5")
+            # the Retry-After of every other answer in the same outage (503 PROVISIONING)
+            resp.set_header("Retry-After", format_retry_after(self.registry.settings.provisioning_retry_after_s))
             resp.data = orjson.dumps({"status": "not_ready", "healthy_workers": 0})
 
 

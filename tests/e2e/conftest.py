@@ -69,7 +69,8 @@ class StubStack:
         self.port = free_port()
         self.gateway = start_gateway(
             self.ports.grpc, self.port, workers=1, log_path=tmp_path / "gateway.log",
-            extra_env={"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS": TOKEN, "SIE_GATEWAY_MODEL_REFRESH_S": "1"})
+            extra_env={"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS": TOKEN, "SIE_GATEWAY_MODEL_REFRESH_S": "1",
+                       "GATEWAY_ACCESS_LOG": "1"})
         self.url = f"http://127.0.0.1:{self.port}"
         wait_http(self.url + "/readyz")
         self.headers = {"Authorization": f"Bearer {TOKEN}"}

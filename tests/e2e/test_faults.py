@@ -139,6 +139,22 @@ def test_logs_never_carry_prompts_or_secrets(stub):
             assert secret not in text, f"{secret} leaked into {name}"
 
 
+def test_the_access_log_never_carries_a_query_string(stub):
+    """GATEWAY_ACCESS_LOG=1 (the stub stack's gateway runs with it): request lines, without `?...`."""
+    marker = "access-log-probe-4410"
+    for path in (f"/readyz?api_key={TOKEN}&{marker}=1", f"/v1/models?api_key={TOKEN}&{marker}=2"):
+        httpx.get(stub.url + path, timeout=10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = (stub.logs / "gateway.log").read_text(errors="replace")
+        if '"GET /v1/models HTTP/1.1" 401' in text:
+            break
+        time.sleep(0.1)
+    assert '"GET /readyz HTTP/1.1" 200' in text  # the access log is on, and logs the path
+    assert '"GET /v1/models HTTP/1.1" 401' in text
+    assert marker not in text and TOKEN not in text
+
+
 def test_client_disconnect_cancels_the_engine_request(stack):
     before = stack.triton_metric("sie_engine_cancelled_total")
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", timeout=60, json={

@@ -90,10 +90,12 @@ class FakeTriton:
         self.models = models if models is not None else [(TRITON_MODEL, "READY", dict(BASE_PARAMS))]
         self.script: Script = tokens("Hello", " world")
         self.down = False  # list_models fails like an unreachable Triton
+        self.listed = 0  # list_models calls
         self.calls: list[Call] = []
         self.closed = False
 
     async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
+        self.listed += 1
         if self.down:
             raise UpstreamUnavailable("Triton is unavailable (unavailable)")
         return [(name, state, dict(params)) for name, state, params in self.models]

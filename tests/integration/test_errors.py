@@ -117,8 +117,24 @@ async def test_triton_down_is_503_provisioning(make_gateway):
 async def test_unreachable_triton_during_request_is_503(gw):
     gw.fake().script = [UpstreamUnavailable("Triton is unavailable (unavailable)")]
     resp = await gw.generate()
-    assert_error(resp, 503, "transport_failure", None)
-    assert resp.headers["retry-after"] == "5"
+    assert_error(resp, 503, "PROVISIONING", None)
+    assert resp.headers["retry-after"] == "60"
+
+
+async def test_one_triton_outage_gives_one_code_and_one_retry_after(gw):
+    """The request that meets the outage first, the ones after it (the endpoint is then unhealthy), a blocking
+    request cut after its first token, and /readyz: one Retry-After (it said 5, then 5, then 60)."""
+    gw.fake().script = [ev("a"), UpstreamUnavailable("Triton is unavailable (unavailable)")]
+    cut = await gw.generate()
+    assert_error(cut, 503, "transport_failure", None)  # a call broken in flight
+    gw.fake().down = True
+    gw.fake().script = [UpstreamUnavailable("Triton is unavailable (unavailable)")]
+    answers = [await gw.chat(), await gw.generate(), await gw.chat(stream=True), await gw.generate()]
+    for resp in answers:
+        assert_error(resp, 503, "PROVISIONING", None)
+    ready = await gw.client.get("/readyz")
+    assert ready.status_code == 503
+    assert {r.headers["retry-after"] for r in [cut, *answers, ready]} == {"60"}
 
 
 # -- worker errors before the first event ---------------------------------------------------------

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from gateway.resources.health import READY_MAX_AGE_S
 from tests.integration.conftest import (
     MAX_OUTPUT,
     MODEL,
@@ -77,13 +78,28 @@ async def test_readyz_follows_triton(gw):
     assert resp.status_code == 200
     assert resp.json() == {"status": "ready", "healthy_workers": 1}
     gw.fake().down = True
+    await asyncio.sleep(READY_MAX_AGE_S)
     resp = await gw.client.get("/readyz")
     assert resp.status_code == 503
-    assert resp.headers["retry-after"] == "5"
+    assert resp.headers["retry-after"] == "60"  # as every 503 PROVISIONING of the same outage
     assert resp.json()["status"] != "ready"
     assert_sie_headers(resp)
     gw.fake().down = False
+    await asyncio.sleep(READY_MAX_AGE_S)
     assert (await gw.client.get("/readyz")).status_code == 200
+
+
+async def test_readyz_probes_share_one_triton_call(gw):
+    """/readyz is open to anyone: 64 concurrent probes (and a probe per request after) cost at most one
+    Triton refresh a second, not one each (about 1,300 Triton calls a second before)."""
+    fake = gw.fake()
+    await asyncio.sleep(READY_MAX_AGE_S)  # the fixture's refresh is stale: the next probe refreshes
+    before = fake.listed
+    answers = await asyncio.gather(*(gw.client.get("/readyz") for _ in range(64)))
+    assert [r.status_code for r in answers] == [200] * 64
+    for _ in range(20):
+        assert (await gw.client.get("/readyz")).status_code == 200
+    assert fake.listed - before == 1
 
 
 async def test_readyz_not_ready_while_only_loading(make_gateway):
