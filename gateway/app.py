@@ -20,13 +20,15 @@ from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.completions import CompletionsResource
 from gateway.resources.generate import GenerateResource
 from gateway.resources.health import HealthResource, MetricsResource, ModelsResource, OpenAPIResource, ReadyResource
+from gateway.resources.responses import ResponsesResource, StoredResponseResource
+from gateway.responses_store import open_store
 from gateway.service import GenerationService
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
 
-_ROUTE_NAMES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_ROUTE_NAMES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
 
 
 def _route(path: str) -> str:
@@ -88,6 +90,10 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> fal
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))
     app.add_route("/v1/completions", CompletionsResource(settings, service))
+    store = open_store(settings.responses_store, max_rows=settings.responses_store_max_rows,
+                       max_bytes=settings.responses_store_max_bytes, ttl_s=settings.responses_store_ttl_s)
+    app.add_route("/v1/responses", ResponsesResource(settings, service, store))
+    app.add_route("/v1/responses/{response_id}", StoredResponseResource(store))
     generate = GenerateResource(settings, service)
     app.add_route("/v1/generate/{model}", generate)
     app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash
@@ -107,6 +113,8 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> fal
 
     async def shutdown() -> None:
         await registry.stop()
+        if store is not None:
+            store.close()
 
     app.add_middleware(_Lifespan(startup, shutdown))
     return app

@@ -7,6 +7,7 @@ from typing import Any
 from gateway.contracts.chat import ChatCompletionRequest
 from gateway.contracts.completions import CompletionRequest
 from gateway.contracts.generate import GenerateRequest
+from gateway.contracts.responses import ResponsesRequest
 from gateway.settings import VERSION
 
 _REF = "#/components/schemas/{model}"
@@ -49,6 +50,7 @@ def build_openapi() -> dict[str, Any]:
     components: dict[str, Any] = {"ErrorResponse": _ERROR}
     components["ChatCompletionRequest"] = _hoist(ChatCompletionRequest.model_json_schema(ref_template=_REF), components)
     components["CompletionRequest"] = _hoist(CompletionRequest.model_json_schema(ref_template=_REF), components)
+    components["ResponsesRequest"] = _hoist(ResponsesRequest.model_json_schema(ref_template=_REF), components)
     components["GenerateRequest"] = _hoist(GenerateRequest.model_json_schema(ref_template=_REF), components)
     sse = {"text/event-stream": {"schema": {"type": "string"}}}
     headers = [
@@ -92,6 +94,31 @@ def build_openapi() -> dict[str, Any]:
                         **_errors(*_ERROR_STATUSES),
                     },
                 }
+            },
+            "/v1/responses": {
+                "post": {
+                    "operationId": "createResponse",
+                    "parameters": headers,
+                    "requestBody": {"required": True, "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ResponsesRequest"}}}},
+                    "responses": {
+                        "200": {"description": "response object, or Responses API stream events (`event:` lines) "
+                                               "when stream is true",
+                                "content": {"application/json": {"schema": {"type": "object"}}, **sse}},
+                        **_errors(*_ERROR_STATUSES),
+                    },
+                }
+            },
+            "/v1/responses/{response_id}": {
+                "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "get": {"operationId": "getResponse",
+                        "responses": {"200": {"description": "a stored response object",
+                                              "content": {"application/json": {"schema": {"type": "object"}}}},
+                                      **_errors(400, 401, 404)}},
+                "delete": {"operationId": "deleteResponse",
+                           "responses": {"200": {"description": "{id, object: response, deleted: true}",
+                                                 "content": {"application/json": {"schema": {"type": "object"}}}},
+                                         **_errors(400, 401, 404)}},
             },
             "/v1/generate/{model}": {
                 "post": {

@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 
 VERSION = "0.10.1"  # SIE wire-contract version we implement (the SDK warns on major/minor skew)
+# relative to the gateway's working directory; `off` disables storing (then `store: true` is a 400)
+DEFAULT_RESPONSES_STORE = ".cache/sie-gateway/responses.sqlite3"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class Settings:
     model_refresh_s: float = 5.0
     server_version: str = VERSION
     log_level: str = "INFO"
+    # Stored Responses (gateway/responses_store.py): a SQLite file shared by the workers, or None (off)
+    responses_store: str | None = None
+    responses_store_max_rows: int = 10_000
+    responses_store_max_bytes: int = 256 * 1024 * 1024
+    responses_store_ttl_s: float = 7 * 24 * 3600.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -72,6 +79,10 @@ class Settings:
             keepalive_interval_s=float(env.get("SIE_GATEWAY_SSE_KEEPALIVE_S", "15")),
             model_refresh_s=float(env.get("SIE_GATEWAY_MODEL_REFRESH_S", "5")),
             log_level=env.get("GATEWAY_LOG_LEVEL", "INFO").upper(),
+            responses_store=env.get("SIE_RESPONSES_STORE", DEFAULT_RESPONSES_STORE),
+            responses_store_max_rows=int(env.get("SIE_RESPONSES_STORE_MAX_ROWS", "10000")),
+            responses_store_max_bytes=int(env.get("SIE_RESPONSES_STORE_MAX_BYTES", str(256 * 1024 * 1024))),
+            responses_store_ttl_s=float(env.get("SIE_RESPONSES_STORE_TTL_S", str(7 * 24 * 3600))),
         )
 
 

@@ -1,4 +1,4 @@
-"""SSE driver shared by both contracts: framing, keep-alives, in-band errors, the single [DONE].
+"""SSE driver shared by the contracts: framing, keep-alives, in-band errors, the single [DONE].
 
 Status and headers are already sent when this runs (the first event arrived before the stream
 opened), so any failure from here on becomes an error event followed by `data: [DONE]`.
@@ -40,6 +40,11 @@ def frame(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
+def named_frame(chunk: dict[str, Any]) -> bytes:
+    """The Responses API's framing: an `event:` line naming the payload's `type`, then its data."""
+    return b"event: " + chunk["type"].encode() + b"\n" + frame(chunk)
+
+
 async def _pump(events: AsyncGenerator[GenerationEvent, None], buffer: StreamBuffer) -> None:
     try:
         async for event in events:
@@ -65,7 +70,12 @@ async def sse_stream(
     keepalive_s: float,
     watch_disconnect: Callable[[], Awaitable[None]] | None,
     buffer_events: int = 64,
+    *,
+    named_events: bool = False,
 ) -> AsyncIterator[bytes]:
+    """`named_events`: Responses framing (`event:` lines, and no `[DONE]`: its terminal event ends it)."""
+    framer = named_frame if named_events else frame
+    done = b"" if named_events else DONE
     queue = StreamBuffer(buffer_events)
     pump = asyncio.create_task(_pump(events, queue))
     watcher = None
@@ -92,18 +102,18 @@ async def sse_stream(
                 if item is _END:
                     usage = renderer.usage_chunk()
                     if usage is not None:
-                        parts.append(frame(usage))
+                        parts.append(framer(usage))
                     finished = True
                 elif isinstance(item, GatewayError):
-                    parts.append(frame(renderer.error_chunk(item)))
+                    parts.append(framer(renderer.error_chunk(item)))
                     finished = True
                 else:
-                    parts.extend(frame(chunk) for chunk in renderer.on_event(item))
+                    parts.extend(framer(chunk) for chunk in renderer.on_event(item))
                 if finished or queue.empty():
                     break
                 item = queue.get_nowait()
             if finished:
-                parts.append(DONE)
+                parts.append(done)
                 yield b"".join(parts)
                 return
             if parts:

@@ -43,7 +43,8 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack-logs")
     ensure_tiny_vlm()  # model_repository/tiny_vlm serves it; `make model` normally built it already
     try:
-        with local_stack(REPO_ROOT / "model_repository", log_dir, extra_env={"SIE_AUTH_MODE": "none"}) as running:
+        env = {"SIE_AUTH_MODE": "none", "SIE_RESPONSES_STORE": str(log_dir / "responses.sqlite3")}
+        with local_stack(REPO_ROOT / "model_repository", log_dir, extra_env=env) as running:
             yield Stack(running.base_url, running.triton_ports, log_dir)
     finally:
         if os.environ.get("CI"):
