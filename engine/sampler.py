@@ -168,7 +168,7 @@ class Sampler:
         settings = stage([[p.temperature, p.top_p, p.top_k if 0 < p.top_k < vocab else vocab, u]
                           for p, u in zip(params, draws, strict=True)], torch.float64, device)
         temps, top_ps = settings[:, 0:1].to(logits.dtype), settings[:, 1].to(logits.dtype)
-        top_ks, uniform = settings[:, 2].long(), settings[:, 3].to(logits.dtype)
+        top_ks, uniform = settings[:, 2].long(), settings[:, 3]
         index = row_index(sampled, len(rows), device)
         sub = logits[index] / temps
         uses_top_p = any(p.top_p < 1.0 for p in params)
@@ -187,7 +187,18 @@ class Sampler:
             probs = torch.zeros_like(sub).scatter_(1, order, probs)
         else:
             probs = torch.softmax(sub, dim=-1)
-        cdf = probs.cumsum(dim=-1)
-        picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
-        tokens[index] = picks[:, 0]
+        tokens[index] = _inverse_cdf(probs, uniform)
         return tokens
+
+
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """[B] tokens for [B, V] probabilities and [B] float64 uniforms in [0, 1); never a zero-probability token.
+
+    The first index whose cumulative mass exceeds the target has positive probability as long as the target
+    lies below the total. In the logits' dtype the uniform itself can round to 1.0 (about 3e-8 of float32
+    draws), so the CDF is summed in float64 and the target kept strictly below the row's total.
+    """
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[:, -1]
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0]

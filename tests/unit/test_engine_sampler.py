@@ -247,3 +247,27 @@ def test_a_failing_grammar_mask_fails_only_its_row(sampler):
     out = sampler.sample(base_logits(2), rows, {1: broken})
     assert out.tokens[0] == 3
     assert set(out.row_errors) == {1}
+
+
+@pytest.mark.parametrize("extra", [{}, {"top_k": 5}, {"top_p": 0.9}])
+def test_a_draw_at_the_top_of_the_unit_interval_never_picks_a_masked_token(sampler, monkeypatch, extra):
+    """A uniform just below 1 (about 3e-8 of the draws round to 1.0 in float32) still lands on a token of
+    positive probability: the last vocabulary entry, masked here as a grammar would, is never chosen."""
+    real_rand = torch.rand
+
+    def top_of_interval(*args, **kw):
+        if kw.get("generator") is not None and kw.get("dtype") == torch.float64:
+            return torch.full(args, 1.0 - 2.0 ** -30, dtype=torch.float64)
+        return real_rand(*args, **kw)
+
+    monkeypatch.setattr(torch, "rand", top_of_interval)
+
+    def ban_last(row: torch.Tensor) -> None:
+        row[V - 1] = float("-inf")
+
+    rows = [FakeRow(SamplingParams(temperature=1.0, **extra)) for _ in range(3)]
+    out = sampler.sample(base_logits(3), rows, {i: ban_last for i in range(3)})
+    assert not out.row_errors
+    assert V - 1 not in out.tokens
+    allowed = [3, 7, 2, 5, 0] if extra else list(range(V - 1))
+    assert all(t in allowed for t in out.tokens)
