@@ -13,7 +13,7 @@ import torch
 
 from engine.chat import render_chat
 from engine.cuda_graphs import DecodeGraphs
-from engine.errors import EngineError, QueueFull
+from engine.errors import EngineError, QueueFull, is_device_fault
 from engine.forward import DecoderForward
 from engine.grammar import GrammarCompilerCache
 from engine.lora import load_adapters
@@ -156,6 +156,8 @@ class LLMEngine:
             self._pending += 1
         self._incoming.put(request)
         self._wake.set()
+        if not self.healthy:  # the loop died between the check above and the put: nobody will drain it
+            self._fail_incoming()
 
     def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> queue.Queue[RequestOutput]:
@@ -188,8 +190,14 @@ class LLMEngine:
                 self._pending -= 1
             try:
                 self.scheduler.add(request)
-            except EngineError as exc:
-                request.on_output(RequestOutput(request.request_id, 0, "", "error", final=True, error=exc))
+            except Exception as exc:  # a fault admitting one request fails that request, not the loop
+                if not isinstance(exc, EngineError):
+                    log.exception("admitting %s failed", request.request_id)
+                error = exc if isinstance(exc, EngineError) else EngineError(
+                    "inference_error", f"admission failed: {type(exc).__name__}")
+                request.on_output(RequestOutput(request.request_id, 0, "", "error", final=True, error=error))
+                if is_device_fault(exc):
+                    raise  # the shared device state is gone: the loop fails everything else
 
     def _run(self) -> None:
         try:
@@ -215,3 +223,16 @@ class LLMEngine:
         for group in {id(g): g for g in groups}.values():
             if not group.sent_final:
                 group.emit(RequestOutput("", 0, "", "error", final=True, error=error))
+        self._fail_incoming()
+
+    def _fail_incoming(self) -> None:
+        """End the requests submitted but not yet taken by the (dead) loop."""
+        error = EngineError("inference_error", "the engine failed; retry the request")
+        while True:
+            try:
+                request = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                self._pending -= 1
+            request.on_output(RequestOutput(request.request_id, 0, "", "error", final=True, error=error))
