@@ -72,6 +72,12 @@ def _prompts(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+class CompletionStreamOptions(StreamOptions):
+    """vLLM's `continuous_usage_stats` too (GuideLLM sends it): usage on every chunk, with `include_usage`."""
+
+    continuous_usage_stats: bool | None = None
+
+
 class CompletionRequest(ContractModel):
     """OpenAI-compatible completions request with SIE extensions; strict allow-list."""
 
@@ -84,7 +90,7 @@ class CompletionRequest(ContractModel):
     n: Candidates | None = None
     best_of: Candidates | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
+    stream_options: CompletionStreamOptions | None = None
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool | None = None
     stop: Annotated[
@@ -173,9 +179,13 @@ class CompletionJob:
     prompts: tuple[str, ...]
     echo: bool
     logprobs: int | None  # the legacy integer; None: no logprobs object
+    continuous_usage: bool = False  # usage on every streamed chunk (vLLM's continuous_usage_stats)
 
 
 def parse_completion_request(body: Any) -> CompletionJob:
     """Validate a decoded completions body; raises `InvalidRequest` / `UnsupportedField` on violations."""
     request = validate_body(CompletionRequest, body)
-    return CompletionJob(request.to_generation_request(), request.prompt, bool(request.echo), request.logprobs)
+    greq = request.to_generation_request()
+    # as vLLM: continuous usage needs include_usage (and a stream)
+    continuous = greq.include_usage and bool(request.stream_options and request.stream_options.continuous_usage_stats)
+    return CompletionJob(greq, request.prompt, bool(request.echo), request.logprobs, continuous)

@@ -79,9 +79,11 @@ def render_completion(shape: CompletionShape, result: GenerationResult) -> dict[
 class CompletionStreamRenderer:
     """Model events -> text_completion chunks, one choice per chunk; per-choice echo and text offsets."""
 
-    def __init__(self, shape: CompletionShape, include_usage: bool) -> None:
+    def __init__(self, shape: CompletionShape, include_usage: bool, continuous_usage: bool = False) -> None:
         self.shape = shape
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.choice_tokens: dict[int, int] = {}  # completion tokens so far per choice (continuous usage)
         self.started: set[int] = set()
         self.offsets: dict[int, int] = {}  # characters sent so far per choice (legacy `text_offset`)
         self.prompt_tokens: dict[int, int] = {}  # per prompt: each engine request counts its own prompt
@@ -89,14 +91,19 @@ class CompletionStreamRenderer:
         self.completion_tokens = 0
 
     def _chunk(self, index: int, text: str, logprobs: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
-        return {**self.shape.head, "choices": [
+        chunk = {**self.shape.head, "choices": [
             {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+        if self.continuous_usage:
+            chunk["usage"] = openai_usage(sum(self.prompt_tokens.values()), sum(self.choice_tokens.values()),
+                                          sum(self.cached_tokens.values()))
+        return chunk
 
     def on_event(self, event: GenerationEvent) -> list[dict[str, Any]]:
         index = event.index
         prompt = index // self.shape.n
         self.prompt_tokens[prompt] = max(self.prompt_tokens.get(prompt, 0), event.prompt_tokens)
         self.cached_tokens[prompt] = max(self.cached_tokens.get(prompt, 0), event.cached_tokens)
+        self.choice_tokens[index] = max(self.choice_tokens.get(index, 0), event.completion_tokens)
         text = event.text
         if index not in self.started:
             self.started.add(index)

@@ -35,7 +35,7 @@ class CompletionsResource:
         TTFT.labels(route="completions", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)
-            renderer = CompletionStreamRenderer(shape, greq.include_usage)
+            renderer = CompletionStreamRenderer(shape, greq.include_usage, job.continuous_usage)
             resp.stream = sse_stream(session.events(), renderer, self.settings.keepalive_interval_s,
                                      req.scope.get("sie.watch_disconnect"))
             return

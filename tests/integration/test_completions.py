@@ -402,3 +402,32 @@ async def test_disconnect_cancels_every_engine_request(gw, prompt, streamed):
     assert task in done and task.exception() is None
     assert gw.calls and all(c.cancelled and c.closed and not c.completed for c in gw.calls)
     assert gw.registry.endpoints[0].outstanding == 0
+
+
+# -- the request GuideLLM sends -------------------------------------------------------------------
+
+async def test_guidellm_request_gets_usage_on_every_chunk(gw):
+    """GuideLLM 0.8.1's openai_http backend: stream_options.continuous_usage_stats, ignore_eos, stop null."""
+    gw.fake().script = [ev("a", prompt=30, completion=1), ev("b", prompt=30, completion=2),
+                        ev("c", finish="length", prompt=30, completion=3)]
+    payload = {"model": MODEL, "prompt": "random words " * 10, "max_tokens": 3, "stream": True, "stop": None,
+               "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    resp = await gw.client.post(PATH, json=payload)
+    assert resp.status_code == 200, resp.text
+    items = data_events(parse_sse(resp.text))
+    assert items[-1] == DONE
+    chunks = items[:-1]
+    assert all("usage" in c for c in chunks)
+    assert [c["usage"]["completion_tokens"] for c in chunks if c["choices"] and c["choices"][0]["text"]] == [1, 2, 3]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert all(c["usage"]["prompt_tokens"] == 30 for c in chunks)
+
+
+async def test_continuous_usage_without_include_usage_adds_nothing(gw):
+    _, chunks = await stream(gw, stream_options={"continuous_usage_stats": True})
+    assert all("usage" not in c for c in chunks)
+
+
+async def test_chat_still_refuses_continuous_usage_stats(gw):
+    resp = await gw.chat(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert_error(resp, 400, "unsupported_field", "stream_options.continuous_usage_stats")
