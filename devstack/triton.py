@@ -91,13 +91,14 @@ def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start_triton(
-    repo: Path, ports: TritonPorts, log_path: Path | None = None, extra: list[str] | None = None
+    repo: Path, ports: TritonPorts, log_path: Path | None = None, extra: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     build_dir = REPO_ROOT / "build"
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child process
     return subprocess.Popen(
         triton_command(repo, ports, build_dir, extra),
-        env=triton_env(),
+        env={**triton_env(), **(extra_env or {})},
         stdout=out or None,
         stderr=subprocess.STDOUT if out else None,
         start_new_session=True,

@@ -11,6 +11,7 @@ import falcon.asgi
 import orjson
 
 from gateway.disconnect import DisconnectAware
+from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.metrics import IN_FLIGHT, LATENCY, REQUESTS
 from gateway.middleware import RequestContextMiddleware
@@ -82,9 +83,11 @@ class _Observe:
                                               "ms": round(elapsed * 1000, 3)})
 
 
-def create_app(settings: Settings, registry: ModelRegistry | None = None) -> falcon.asgi.App:
+def create_app(settings: Settings, registry: ModelRegistry | None = None, drain: Drain | None = None
+               ) -> falcon.asgi.App:
     registry = registry or ModelRegistry(settings)
-    service = GenerationService(settings, registry)
+    drain = drain or Drain()
+    service = GenerationService(settings, registry, drain)
     middleware: list[Any] = [_Observe(), RequestContextMiddleware(settings)]
     app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
@@ -98,7 +101,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None) -> fal
     app.add_route("/v1/generate/{model}", generate)
     app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash
     app.add_route("/healthz", HealthResource())
-    app.add_route("/readyz", ReadyResource(registry))
+    app.add_route("/readyz", ReadyResource(registry, drain))
     models = ModelsResource(registry)
     app.add_route("/v1/models", models)
     app.add_sink(models.retrieve, prefix=r"^/v1/models/")
@@ -143,8 +146,13 @@ class _Lifespan:
 
 
 def create_asgi(settings: Settings | None = None):
-    """The served ASGI callable: the Falcon app behind the disconnect tracker."""
-    return DisconnectAware(create_app(settings or Settings.from_env()))
+    """The served ASGI callable: the Falcon app behind the disconnect tracker.
+
+    Its `drain` is what the worker's SIGTERM handler starts (gateway/worker.py)."""
+    drain = Drain()
+    served = DisconnectAware(create_app(settings or Settings.from_env(), drain=drain))
+    served.drain = drain
+    return served
 
 
 

@@ -8,11 +8,16 @@ goes away (CONVENTIONS: nothing keeps generating after the client has gone).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.drain import Drain
 
 
 class DisconnectAware:
     def __init__(self, app) -> None:
         self.app = app
+        self.drain: Drain | None = None  # the app's Drain, for the worker (set by create_asgi)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

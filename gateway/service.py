@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gateway.contracts.profile_checks import check_against_profile
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
+from gateway.drain import DeadlineWait, Drain, ShuttingDown
 from gateway.errors import GatewayError, InvalidRequest, MalformedWorkerResponse, UpstreamTimeout, quoted, worker_error
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
@@ -37,6 +38,8 @@ class GenerationSession:
     started: float
     ttft_s: float
     deadline: float
+    drain: Drain
+    wait: DeadlineWait  # the drain deadline ends it with server_shutting_down (gateway/drain.py)
     outage_retry_after_s: float = 60.0  # one Retry-After for every answer of one Triton outage
     closed: bool = field(default=False)
 
@@ -48,16 +51,19 @@ class GenerationSession:
         try:
             yield self.first
             while True:
+                self.wait.check()
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout")
                 try:
                     # asyncio.timeout costs a timer handle; wait_for would cost a task per token
-                    async with asyncio.timeout(min(inter_chunk, remaining)):
+                    async with asyncio.timeout(min(inter_chunk, remaining)) as self.wait.timeout:
                         event = await anext(self.stream)
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
+                    if self.wait.cut_short:
+                        raise ShuttingDown() from None
                     # which bound was the binding one, not the clock after the fact: a loop timer may fire a
                     # little before the deadline, and that is still the overall timeout
                     if remaining <= inter_chunk:
@@ -77,6 +83,7 @@ class GenerationSession:
             await self.close()
 
     async def close(self) -> None:
+        self.drain.untrack(self.wait)
         if not self.closed:
             self.closed = True
             self.endpoint.outstanding -= 1
@@ -125,9 +132,10 @@ class GenerationSession:
 
 
 class GenerationService:
-    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
+    def __init__(self, settings: Settings, registry: ModelRegistry, drain: Drain | None = None) -> None:
         self.settings = settings
         self.registry = registry
+        self.drain = drain or Drain()
         self.router = Router(registry)
 
     async def resolve(self, req: GenerationRequest) -> tuple[GenerationRequest, ModelProfile, str | None]:
@@ -159,6 +167,17 @@ class GenerationService:
         self, req: GenerationRequest, profile: ModelProfile, hints: RoutingHints, request_id: str
     ) -> GenerationSession:
         """Route and wait for the first event; failures here are ordinary HTTP errors."""
+        wait = self.drain.track()  # from here, the drain deadline can end this generation
+        try:
+            wait.check()
+            return await self._route(req, profile, hints, request_id, wait)
+        except BaseException:
+            self.drain.untrack(wait)
+            raise
+
+    async def _route(self, req: GenerationRequest, profile: ModelProfile, hints: RoutingHints, request_id: str,
+                     wait: DeadlineWait) -> GenerationSession:
+        """Try the router's candidates in order until one yields a first event."""
         started = time.monotonic()
         timeouts = Timeouts.for_request(self.settings, req.options)
         deadline = started + timeouts.overall_s
@@ -168,7 +187,7 @@ class GenerationService:
             endpoint.outstanding += 1
             try:
                 timeout = min(timeouts.first_chunk_s, deadline - started)
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(timeout) as wait.timeout:
                     first = await anext(stream)
             except UpstreamUnavailable as exc:
                 # nothing was generated yet: another endpoint can take the request
@@ -184,6 +203,7 @@ class GenerationService:
             except TimeoutError:
                 endpoint.outstanding -= 1
                 await stream.aclose()
+                wait.check()  # the drain deadline, not a slow model
                 if timeouts.overall_s <= timeouts.first_chunk_s:
                     raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout") from None
                 raise UpstreamTimeout("no output from the model in time", code="first_chunk_timeout") from None
@@ -201,7 +221,8 @@ class GenerationService:
                 raise exc from None
             return GenerationSession(
                 profile, req, request_id, endpoint, first, stream, timeouts,
-                started, time.monotonic() - started, deadline, self.settings.provisioning_retry_after_s,
+                started, time.monotonic() - started, deadline, self.drain, wait,
+                self.settings.provisioning_retry_after_s,
             )
         assert last_error is not None
         raise last_error

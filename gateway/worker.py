@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+from types import FrameType
 
+from gunicorn.arbiter import Arbiter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import Server
 from uvicorn_worker import UvicornWorker
 
 
@@ -147,9 +151,39 @@ class PathOnlyAccessLog(logging.Filter):
         return True
 
 
+class DrainingServer(Server):
+    """uvicorn's server, which also starts the app's drain on SIGTERM/SIGINT/SIGQUIT (gateway/drain.py).
+
+    uvicorn itself stops accepting, closes idle connections and waits for the open ones; the drain makes
+    `/readyz` fail at once and ends what is still streaming at the deadline, before gunicorn's SIGKILL."""
+
+    def __init__(self, config, graceful_s: float) -> None:
+        super().__init__(config)
+        self.graceful_s = graceful_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        drain = getattr(self.config.app, "drain", None)
+        if drain is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(drain.begin, self.graceful_s)
+
+
 class GatewayWorker(UvicornWorker):
     CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": GatewayHttpProtocol, "loop": "uvloop"}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # points uvicorn's access logger at gunicorn's (GATEWAY_ACCESS_LOG)
         logging.getLogger("uvicorn.access").addFilter(PathOnlyAccessLog())
+
+    async def _serve(self) -> None:  # UvicornWorker._serve, with the draining server
+        self.config.app = self.wsgi
+        server = DrainingServer(self.config, float(self.cfg.graceful_timeout))
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)

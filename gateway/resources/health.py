@@ -9,6 +9,7 @@ import urllib.parse
 import falcon
 import orjson
 
+from gateway.drain import Drain
 from gateway.errors import format_retry_after
 from gateway.metrics import render_metrics
 from gateway.profile import ModelProfile
@@ -25,10 +26,15 @@ READY_MAX_AGE_S = 1.0
 
 
 class ReadyResource:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, drain: Drain) -> None:
         self.registry = registry
+        self.drain = drain
 
     async def on_get(self, req, resp) -> None:
+        if self.drain.draining:  # SIGTERM: out of the load balancer at once, whatever Triton says
+            resp.status, resp.content_type = 503, "application/json"
+            resp.data = orjson.dumps({"status": "draining", "healthy_workers": 0})
+            return
         # readiness reflects Triton as of at most a second ago: fresh enough for a probe, and open to anyone
         # without a Triton call per request (concurrent probes share one refresh)
         await self.registry.refresh_if_stale(max_age_s=READY_MAX_AGE_S)

@@ -27,6 +27,9 @@ _CHANNEL_OPTIONS = [
 ]
 # Triton ends a half-closed stream within a round trip once its request is done; past this, cancel.
 _END_CALL_TIMEOUT_S = 5.0
+# Triton's own refusals of a request no model instance has seen: a server that is shutting down (its models
+# unloading: "Request for unknown model: 'x' has no available versions"), or a model not loaded here.
+_NOT_SERVED_HERE = ("Request for unknown model", "Server not ready", "is not at ready state")
 
 
 class UpstreamUnavailable(Unavailable):
@@ -67,12 +70,17 @@ class TritonClient:
 
         call = self.stub.ModelStreamInfer(requests())
         request_done = False  # Triton sent the request's last response: end the call, do not cancel it
+        answered = False
         try:
             async for response in call:
                 if response.error_message:
                     request_done = True  # the engine's errors end the request
+                    if not answered and any(s in response.error_message for s in _NOT_SERVED_HERE):
+                        # nothing ran: another endpoint can take it (a draining Triton keeps its connections)
+                        raise UpstreamUnavailable(f"Triton did not take the request: {response.error_message[:120]}")
                     code, message, param = parse_error_message(response.error_message)
                     raise worker_error(code, message, param)
+                answered = True
                 try:
                     event, final = decode_response(response.infer_response)
                 except MalformedResponse as exc:

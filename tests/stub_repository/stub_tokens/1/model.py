@@ -2,12 +2,15 @@
 
 Used to measure the transport alone (bench/gateway.py) and to test the gateway against a real
 tritonserver without model cost. A per-request thread sends, as the real engine's sender does.
+From tritonserver's environment: SIE_STUB_TOKEN_DELAY_S (default 0) paces a stream, that long between tokens;
+SIE_STUB_TOKEN_TEXT (default `tok `) is each token's text, so a test can tell two stub servers apart.
 """
 
 import json
 import os
 import sys
 import threading
+import time
 
 # Same as the real models: the dev stack's venv (its numpy) must shadow the base interpreter's.
 _paths = [p for p in os.environ.get("SIE_PYTHONPATH", "").split(os.pathsep) if p]
@@ -38,6 +41,8 @@ def _response(text: str, finish: str, prompt: int, completion: int, final: bool)
 class TritonPythonModel:
     def initialize(self, args):
         self.final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self.token_delay_s = float(os.environ.get("SIE_STUB_TOKEN_DELAY_S") or 0)
+        self.token = os.environ.get("SIE_STUB_TOKEN_TEXT") or "tok "
 
     def execute(self, requests):
         for request in requests:
@@ -52,11 +57,14 @@ class TritonPythonModel:
     def _emit(self, request, n: int, stream: bool) -> None:
         sender = request.get_response_sender()
         if not stream:
-            sender.send(_response("tok " * n, "length", 3, n, True), flags=self.final)
+            sender.send(_response(self.token * n, "length", 3, n, True), flags=self.final)
             return
         for i in range(n):
             if request.is_cancelled():
                 sender.send(flags=self.final)
                 return
             last = i == n - 1
-            sender.send(_response("tok ", "length" if last else "", 3, i + 1, last), flags=self.final if last else 0)
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+            flags = self.final if last else 0
+            sender.send(_response(self.token, "length" if last else "", 3, i + 1, last), flags=flags)
