@@ -24,6 +24,13 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
+    # Reconnect within about 2 s of Triton coming back, however long it was down: gRPC's default backoff grows
+    # 1 s x 1.6 per failed attempt up to 120 s, so after a 100 s outage a worker answered 503 for another
+    # 56 s. Attempts to a down endpoint cost one refused connect every 2 s. `min_reconnect_backoff_ms` is
+    # also the connect deadline of one attempt (default 20 s).
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.min_reconnect_backoff_ms", 1_000),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 # Triton ends a half-closed stream within a round trip once its request is done; past this, cancel.
 _END_CALL_TIMEOUT_S = 5.0
