@@ -57,8 +57,13 @@ class IncrementalDetokenizer:
         return out
 
     def flush(self) -> str:
-        """Release what was held back once the sequence ends without a stop-string match."""
-        out, self.pending = self.pending, ""
+        """Release what was held back once the sequence ends without a stop-string match: a possible stop
+        prefix, and the bytes of a character the sequence ended inside, as the tokenizer decodes them
+        (U+FFFD), which is what OpenAI and vLLM return and what a full decode of the ids gives."""
+        prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.token_ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.token_ids)
+        out, self.pending = self.pending + full[len(prefix) :], ""
         return out
 
 

@@ -188,3 +188,18 @@ def test_min_tokens_holds_back_a_stop_string(openai_client):
                                             extra_body={"min_tokens": 12})
     assert held.usage.completion_tokens >= 12
     assert held.choices[0].finish_reason == "stop" and not held.choices[0].text.endswith("e")
+
+
+def test_a_completion_cut_inside_a_character_ends_the_same_streamed_and_blocking(openai_client):
+    """Cut after the first byte token of an emoji, both modes return U+FFFD, as OpenAI does (issue 19)."""
+    from transformers import AutoTokenizer
+
+    from tests.unit.conftest import MODEL_DIR
+
+    first_byte = AutoTokenizer.from_pretrained(MODEL_DIR).encode("😀", add_special_tokens=False)[0]
+    kwargs = dict(model=MODEL, prompt=FRANCE, max_tokens=1, temperature=0, logit_bias={str(first_byte): 100})
+    blocking = openai_client.completions.create(**kwargs)
+    streamed = "".join(c.choices[0].text for c in openai_client.completions.create(stream=True, **kwargs)
+                       if c.choices)
+    assert blocking.choices[0].text == streamed == "\ufffd"
+    assert blocking.choices[0].finish_reason == "length"

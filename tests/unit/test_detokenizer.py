@@ -105,3 +105,15 @@ def test_special_tokens_are_not_rendered(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, [])
     out = "".join(detok.add_token(t) for t in [*tokenizer.encode("Hi", add_special_tokens=False), eos])
     assert out == "Hi"
+
+
+@pytest.mark.parametrize("text", ["x😀", "Привет", "日本"])
+def test_a_sequence_ending_inside_a_character_ends_with_what_the_tokenizer_decodes(tokenizer, text):
+    """Cut mid-character (max_tokens, EOS), the held-back bytes are not dropped: the text ends with what a
+    full decode of the ids gives (U+FFFD for the partial character), as OpenAI and vLLM return."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    cut = next(k for k in range(1, len(ids) + 1) if tokenizer.decode(ids[:k]).endswith("\ufffd"))
+    detok = IncrementalDetokenizer(tokenizer, [])
+    released = "".join(detok.add_token(t) for t in ids[:cut])
+    assert released + detok.flush() == tokenizer.decode(ids[:cut])
+    assert detok.flush() == ""

@@ -28,3 +28,18 @@ def test_min_tokens_holds_back_stop_strings(make_scheduler, prompts, tokenizer):
     assert "e" in tokenizer.decode(ids[:12])  # an "e" before min_tokens was not taken as the stop
     assert not text.endswith("e")  # the match after min_tokens is trimmed as usual
     assert tokenizer.decode(ids).startswith(text)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_candidate_cut_inside_a_character_ends_with_the_replacement_character(make_scheduler, prompts, tokenizer,
+                                                                               stream):
+    """max_tokens ends the candidate after the first byte token of an emoji: streamed and blocking both end
+    with U+FFFD (what the tokenizer decodes the held bytes to), not with the bytes silently dropped."""
+    first_byte = tokenizer.encode("😀", add_special_tokens=False)[0]
+    assert tokenizer.decode([first_byte]) == "\ufffd"
+    run = Run(make_scheduler())
+    run.add("cut", prompts[0], greedy(1, logit_bias={first_byte: 100.0}), stream=stream)
+    run.until_done()
+    assert run.ids("cut") == [first_byte]
+    assert run.final("cut").finish_reason == "length"
+    assert run.text("cut") == "\ufffd"
