@@ -20,8 +20,17 @@ from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.completions import CompletionsResource
 from gateway.resources.generate import GenerateResource
-from gateway.resources.health import HealthResource, MetricsResource, ModelsResource, OpenAPIResource, ReadyResource
+from gateway.resources.health import (
+    HealthResource,
+    MetricsResource,
+    ModelsResource,
+    OpenAPIResource,
+    ReadyResource,
+    VersionResource,
+    VllmHealthResource,
+)
 from gateway.resources.responses import ResponsesResource, StoredResponseResource
+from gateway.resources.tokenize import DetokenizeResource, TokenizeResource
 from gateway.responses_store import open_store
 from gateway.service import GenerationService
 from gateway.settings import Settings
@@ -102,6 +111,10 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash
     app.add_route("/healthz", HealthResource())
     app.add_route("/readyz", ReadyResource(registry, drain))
+    app.add_route("/health", VllmHealthResource(registry))
+    app.add_route("/version", VersionResource(settings.server_version))
+    app.add_route("/tokenize", TokenizeResource(settings, service))
+    app.add_route("/detokenize", DetokenizeResource(settings, service))
     models = ModelsResource(registry)
     app.add_route("/v1/models", models)
     app.add_sink(models.retrieve, prefix=r"^/v1/models/")

@@ -149,3 +149,21 @@ class GenerationResult:
     ttft_ms: float | None
     tpot_ms: float | None
     cached_tokens: int = 0  # of prompt_tokens, from the engine's prefix cache
+
+
+@dataclass(frozen=True)
+class TokenizerTask:
+    """`/tokenize` (a prompt, or messages through the chat template) or `/detokenize` (ids), for Triton."""
+
+    prompt: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    options: dict[str, Any] | None = None  # add_special_tokens, add_generation_prompt, tools, ...
+    detokenize: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TokenizerResult:
+    token_ids: list[int]
+    text: str  # the decoded text (detokenize)
+    max_model_len: int
+    token_strs: list[str] | None = None

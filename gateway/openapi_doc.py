@@ -8,6 +8,7 @@ from gateway.contracts.chat import ChatCompletionRequest
 from gateway.contracts.completions import CompletionRequest
 from gateway.contracts.generate import GenerateRequest
 from gateway.contracts.responses import ResponsesRequest
+from gateway.contracts.tokenize import DetokenizeRequest, TokenizeRequest
 from gateway.settings import VERSION
 
 _REF = "#/components/schemas/{model}"
@@ -46,11 +47,23 @@ def _hoist(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]
     return schema
 
 
+def _tokenizer_route(operation: str, schema: str, answer: str) -> dict[str, Any]:
+    return {"post": {
+        "operationId": operation,
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
+        "responses": {"200": {"description": answer, "content": {"application/json": {"schema": {"type": "object"}}}},
+                      **_errors(400, 401, 404, 413, 500, 503)},
+    }}
+
+
 def build_openapi() -> dict[str, Any]:
     components: dict[str, Any] = {"ErrorResponse": _ERROR}
     components["ChatCompletionRequest"] = _hoist(ChatCompletionRequest.model_json_schema(ref_template=_REF), components)
     components["CompletionRequest"] = _hoist(CompletionRequest.model_json_schema(ref_template=_REF), components)
     components["ResponsesRequest"] = _hoist(ResponsesRequest.model_json_schema(ref_template=_REF), components)
+    components["TokenizeRequest"] = _hoist(TokenizeRequest.model_json_schema(ref_template=_REF), components)
+    components["DetokenizeRequest"] = _hoist(DetokenizeRequest.model_json_schema(ref_template=_REF), components)
     components["GenerateRequest"] = _hoist(GenerateRequest.model_json_schema(ref_template=_REF), components)
     sse = {"text/event-stream": {"schema": {"type": "string"}}}
     headers = [
@@ -120,6 +133,15 @@ def build_openapi() -> dict[str, Any]:
                                                  "content": {"application/json": {"schema": {"type": "object"}}}},
                                          **_errors(400, 401, 404)}},
             },
+            "/tokenize": _tokenizer_route("tokenize", "TokenizeRequest",
+                                          "{count, max_model_len, tokens, token_strs} (vLLM's shape)"),
+            "/detokenize": _tokenizer_route("detokenize", "DetokenizeRequest", "{prompt} (vLLM's shape)"),
+            "/health": {"get": {"operationId": "health", "security": [],
+                                "responses": {"200": {"description": "a model can be served (empty body)"},
+                                              "503": {"description": "no model can be served now"}}}},
+            "/version": {"get": {"operationId": "version", "security": [],
+                                 "responses": {"200": {"description": "{version}", "content": {
+                                     "application/json": {"schema": {"type": "object"}}}}}}},
             "/v1/generate/{model}": {
                 "post": {
                     "operationId": "generate",

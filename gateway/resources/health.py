@@ -25,6 +25,32 @@ class HealthResource:
 READY_MAX_AGE_S = 1.0
 
 
+class VllmHealthResource:
+    """GET /health in vLLM's shape (GuideLLM's backend check): 200 with an empty body while a model can be
+    served, else 503; it reads the registry's last refresh, never Triton per call."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    async def on_get(self, req, resp) -> None:
+        await self.registry.refresh_if_stale(max_age_s=READY_MAX_AGE_S)
+        if not any(e.healthy and e.models for e in self.registry.endpoints):
+            resp.status = 503
+            resp.set_header("Retry-After", format_retry_after(self.registry.settings.provisioning_retry_after_s))
+        resp.data = b""
+
+
+class VersionResource:
+    """GET /version in vLLM's shape: `{"version": ...}` (the SIE contract version this gateway serves)."""
+
+    def __init__(self, version: str) -> None:
+        self.body = orjson.dumps({"version": version})
+
+    async def on_get(self, req, resp) -> None:
+        resp.content_type = "application/json"
+        resp.data = self.body
+
+
 class ReadyResource:
     def __init__(self, registry: ModelRegistry, drain: Drain) -> None:
         self.registry = registry

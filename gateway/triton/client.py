@@ -11,14 +11,23 @@ good (measured: 18,000 cancelled calls grew it 42 -> 214 MB; ended cleanly it st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from gateway.domain import GenerationEvent, GenerationRequest
+from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
 from gateway.errors import MalformedWorkerResponse, Unavailable, worker_error
-from gateway.triton.codec import MalformedResponse, decode_response, encode_request, parse_error_message
+from gateway.triton.codec import (
+    MalformedResponse,
+    decode_response,
+    decode_tokenizer_response,
+    encode_request,
+    encode_tokenizer_request,
+    is_final,
+    parse_error_message,
+)
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -68,7 +77,33 @@ class TritonClient:
         self, triton_model: str, req: GenerationRequest, request_id: str
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Yield the model's events for one request; raises GatewayError subclasses on failure."""
-        request = encode_request(triton_model, req, request_id)
+        # aclosing: a consumer that stops early (client gone) must end the Triton call now, not at GC
+        async with contextlib.aclosing(self._responses(encode_request(triton_model, req, request_id))) as responses:
+            async for response in responses:
+                try:
+                    event, _ = decode_response(response)
+                except MalformedResponse as exc:
+                    raise MalformedWorkerResponse(str(exc)) from None
+                yield event
+
+    async def tokenize(self, triton_model: str, task: TokenizerTask, request_id: str) -> TokenizerResult:
+        """Tokenize (a prompt, or chat messages through the template) or detokenize; generates nothing."""
+        result: TokenizerResult | None = None
+        async with contextlib.aclosing(self._responses(encode_tokenizer_request(triton_model, task,
+                                                                                request_id))) as responses:
+            async for response in responses:
+                try:
+                    result = decode_tokenizer_response(response)
+                except MalformedResponse as exc:
+                    raise MalformedWorkerResponse(str(exc)) from None
+        if result is None:  # pragma: no cover - _responses raises when the stream ends without a response
+            raise UpstreamUnavailable("the model stream ended before the request finished")
+        return result
+
+    async def _responses(
+        self, request: service_pb2.ModelInferRequest
+    ) -> AsyncGenerator[service_pb2.ModelInferResponse, None]:
+        """The request's infer responses up to its final one; the call is ended (or cancelled) after."""
         finished = asyncio.Event()
 
         async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
@@ -88,13 +123,9 @@ class TritonClient:
                     code, message, param = parse_error_message(response.error_message)
                     raise worker_error(code, message, param)
                 answered = True
-                try:
-                    event, final = decode_response(response.infer_response)
-                except MalformedResponse as exc:
-                    raise MalformedWorkerResponse(str(exc)) from None
-                request_done = final
-                yield event
-                if final:
+                request_done = is_final(response.infer_response)
+                yield response.infer_response
+                if request_done:
                     return
             raise UpstreamUnavailable("the model stream ended before the request finished")
         except grpc.aio.AioRpcError as exc:

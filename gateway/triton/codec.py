@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from tritonclient.grpc import service_pb2
 
-from gateway.domain import GenerationEvent, GenerationRequest
+from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
 
 _INT32 = struct.Struct("<i")
 _LEN = struct.Struct("<I")
@@ -40,6 +40,46 @@ def encode_request(triton_model: str, req: GenerationRequest, request_id: str) -
     if req.images:
         _bytes_tensor(request, "images", [img.data for img in req.images])
     return request
+
+
+def encode_tokenizer_request(triton_model: str, task: TokenizerTask,
+                             request_id: str) -> service_pb2.ModelInferRequest:
+    """`tokenize` (options JSON, with `text_input` or `messages`) or `detokenize` (INT64 ids): no generation."""
+    request = service_pb2.ModelInferRequest(model_name=triton_model, id=request_id)
+    if task.detokenize is not None:
+        tensor = request.inputs.add()
+        tensor.name, tensor.datatype = "detokenize", "INT64"
+        tensor.shape.append(len(task.detokenize))
+        request.raw_input_contents.append(struct.pack(f"<{len(task.detokenize)}q", *task.detokenize))
+        return request
+    if task.messages is not None:
+        _bytes_tensor(request, "messages", [orjson.dumps(list(task.messages))])
+    else:
+        _bytes_tensor(request, "text_input", [(task.prompt or "").encode("utf-8")])
+    _bytes_tensor(request, "tokenize", [orjson.dumps(task.options)])
+    return request
+
+
+def is_final(response: service_pb2.ModelInferResponse) -> bool:
+    """The `is_final` output of a response (absent: not final; the decoder reports the violation)."""
+    for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):
+        if output.name == "is_final":
+            return bool(raw[:1] == b"\x01")
+    return False
+
+
+def decode_tokenizer_response(response: service_pb2.ModelInferResponse) -> TokenizerResult:
+    """The answer to a tokenizer request: `extras.token_ids` (+ `token_strs`, `max_model_len`), `text_output`."""
+    event, _ = decode_response(response)
+    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents, strict=False))
+    extras_raw = _read_bytes(raw["extras"])
+    extras = orjson.loads(extras_raw) if extras_raw else {}
+    ids = extras.get("token_ids")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise MalformedResponse("tokenizer response without extras.token_ids")
+    strs = extras.get("token_strs")
+    return TokenizerResult(token_ids=ids, text=event.text, max_model_len=int(extras.get("max_model_len") or 0),
+                           token_strs=strs if isinstance(strs, list) else None)
 
 
 class MalformedResponse(ValueError):

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.disconnect import DisconnectAware
-from gateway.domain import GenerationEvent, GenerationRequest
+from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
 from gateway.registry import ModelRegistry
 from gateway.settings import EndpointConfig, PoolConfig, Settings
 from gateway.triton.client import UpstreamUnavailable
@@ -92,6 +92,7 @@ class FakeTriton:
         self.down = False  # list_models fails like an unreachable Triton
         self.listed = 0  # list_models calls
         self.calls: list[Call] = []
+        self.tokenizer_calls: list[TokenizerTask] = []
         self.closed = False
 
     async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
@@ -102,6 +103,17 @@ class FakeTriton:
 
     async def close(self) -> None:
         self.closed = True
+
+    async def tokenize(self, triton_model: str, task: TokenizerTask, request_id: str) -> TokenizerResult:
+        """A whitespace tokenizer: word i has id i; ids detokenize to `t<id>` words."""
+        self.tokenizer_calls.append(task)
+        if self.down:
+            raise UpstreamUnavailable("Triton is unavailable (unavailable)")
+        if task.detokenize is not None:
+            return TokenizerResult(list(task.detokenize), " ".join(f"t{i}" for i in task.detokenize), 2048)
+        text = task.prompt if task.prompt is not None else " ".join(m["content"] or "" for m in task.messages or ())
+        words = text.split()
+        return TokenizerResult(list(range(len(words))), "", 2048, words)
 
     async def generate(self, triton_model: str, req: GenerationRequest, request_id: str
                        ) -> AsyncIterator[GenerationEvent]:
