@@ -5,7 +5,8 @@ dispatch over many small ops, a growing cache), not arithmetic. Fused QKV / gate
 preallocated KV buffers written at each row's own position, GQA folded into SDPA without repeating
 K/V, and the LM head only on the positions we sample from cut that overhead (see
 shared/notes/cpu-decode.md). Supported: LlamaForCausalLM and the Qwen2/Qwen3 variants (QKV bias,
-per-head q/k RMSNorm), which covers the served models; others are rejected at load.
+per-head q/k RMSNorm), which covers the served models; others, and features the forward does not compute
+(an o_proj or MLP bias, a sliding window shorter than the cache), are rejected at load.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from engine.kv_cache import KVCache
 from engine.linear_kernels import choose_kind, linear, pack
 from engine.lora import AdapterTable, LoraBatch
-from engine.model_loading import language_model
+from engine.model_loading import language_model, unsupported_features
 from engine.staging import stage
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ class DecoderForward:
         config, inner, arch = language_model(hf_model)  # a VLM's language model too
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {arch} is not supported by engine.forward")
+        unsupported = unsupported_features(config, inner, max_len)
+        if unsupported:  # rejected at load: the fused forward would ignore them and generate wrong text
+            raise ValueError(f"{arch}: not supported by engine.forward: {', '.join(unsupported)}")
         self.config = config
         self.n_heads = config.num_attention_heads
         self.n_kv = config.num_key_value_heads

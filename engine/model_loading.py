@@ -52,3 +52,24 @@ def language_model(hf_model: torch.nn.Module) -> tuple[Any, torch.nn.Module, str
     if inner is None or not hasattr(inner, "layers"):
         raise ValueError(f"{type(hf_model).__name__}: no language model with decoder layers found")
     return text_config, inner, TEXT_ARCHITECTURES.get(text_config.model_type, text_config.model_type)
+
+
+def unsupported_features(config: Any, inner: torch.nn.Module, max_len: int) -> list[str]:
+    """What the model uses that DecoderForward would silently compute wrong, each named as its config does.
+
+    A sliding window no shorter than the cache never masks anything, so it is full attention and allowed.
+    """
+    found = []
+    layer = inner.layers[0]
+    if getattr(layer.self_attn.o_proj, "bias", None) is not None:
+        found.append("attention_bias (an o_proj bias)")
+    mlp = (getattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+    if any(getattr(linear, "bias", None) is not None for linear in mlp):
+        found.append("mlp_bias")
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        window = None  # e.g. Qwen2 with use_sliding_window false: the field is there but unused
+    if window is not None and window < max_len:
+        found.append(f"sliding_window ({window} positions, shorter than the {max_len}-position cache)")
+    return found
