@@ -4,7 +4,8 @@ Why: counts per sequence, each bumped by `counts[token] += 1` as tokens arrive, 
 per row and token; at 64 rows on a GPU that is about 130 launches a step, more than the rest of the sampler.
 Here every row's counts are a row of one buffer owned by the sampler; a step adds the tokens each row gained
 since its last step in one staged scatter-add and gathers the step's rows in one indexing op, whatever the
-batch size. Rows are keyed weakly by their sequence object, so a finished sequence's row is reused.
+batch size. The scheduler releases a sequence's row when it retires, so the row is reused at once (sequences sit
+in reference cycles, which only the cyclic GC would break); rows are also keyed weakly, as a backstop.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class PenaltyCounts:
         self.buffer: torch.Tensor | None = None
         # row object -> [buffer row, output tokens already counted]
         self.rows: weakref.WeakKeyDictionary[CountedRow, list[int]] = weakref.WeakKeyDictionary()
+
+    def release(self, row: CountedRow) -> None:
+        """Free the row's buffer row now (its sequence has finished); a row that never was counted is a no-op."""
+        self.rows.pop(row, None)
 
     def gather(self, rows: Sequence[CountedRow], vocab: int, dtype: torch.dtype, device: torch.device
                ) -> torch.Tensor:

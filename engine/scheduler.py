@@ -423,6 +423,7 @@ class Scheduler:
         """Free the sequence's slot, moving the last row (and any prefill in progress) down."""
         if seq not in self.decoding:
             return
+        self.sampler.counts.release(seq)
         cache = self.forward.cache
         index = self.decoding.index(seq)
         last = len(self.decoding) - 1

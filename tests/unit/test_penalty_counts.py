@@ -69,3 +69,34 @@ def test_the_gathered_counts_are_a_copy():
     row = Row([2])
     gather(counts, [row]).add_(100)
     assert torch.equal(gather(counts, [row]), counted([row]))
+
+
+def test_a_released_row_is_free_at_once_while_its_sequence_is_still_referenced():
+    counts = PenaltyCounts()
+    rows = [Row([i % VOCAB] * 3) for i in range(8)]
+    gather(counts, rows)
+    done = rows.pop(0)  # still referenced (as a finished sequence is, by its request, until the cyclic GC runs)
+    counts.release(done)
+    rows.append(Row([9]))
+    assert torch.equal(gather(counts, rows), counted(rows))
+    assert counts.buffer is not None and counts.buffer.shape[0] == 8  # its row was reused, not grown
+
+
+def test_the_scheduler_frees_a_finished_sequences_row_without_the_garbage_collector(make_scheduler, tokenizer):
+    """Sequences sit in reference cycles (group <-> sequence): without an explicit release their counts rows
+    stay taken until the cyclic GC runs, and the buffer grows instead."""
+    from engine.sampling_params import SamplingParams
+
+    from .engine_run import Run
+
+    sched = make_scheduler()
+    run = Run(sched)
+    prompt = tokenizer.encode("Count to ten:")
+    run.add("pen", prompt, SamplingParams(temperature=0.0, max_tokens=4, n=2, frequency_penalty=0.5))
+    gc.disable()
+    try:
+        run.until_done()
+        assert run.final("pen").finish_reason in ("stop", "length")
+        assert not any(seq in sched.sampler.counts.rows for seq in run.groups["pen"].sequences)
+    finally:
+        gc.enable()
