@@ -13,7 +13,7 @@ import orjson
 from gateway.disconnect import DisconnectAware
 from gateway.drain import Drain
 from gateway.errors import GatewayError
-from gateway.metrics import IN_FLIGHT, LATENCY, REQUESTS
+from gateway.metrics import ERRORS, IN_FLIGHT, LATENCY, REQUESTS
 from gateway.middleware import RequestContextMiddleware
 from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
@@ -46,6 +46,7 @@ def _route(path: str) -> str:
 
 
 def _write_error(req, resp, error: GatewayError) -> None:
+    ERRORS.labels(code=error.code, status=error.status).inc()
     resp.status = error.status
     resp.content_type = "application/json"
     resp.data = orjson.dumps(error.body())

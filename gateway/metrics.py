@@ -25,6 +25,8 @@ TTFT = Histogram(
 )
 IN_FLIGHT = Gauge("sie_gateway_in_flight_requests", "Requests in flight", ["route"], multiprocess_mode="livesum")
 UPSTREAM_ERRORS = Counter("sie_gateway_upstream_errors_total", "Errors from Triton", ["code"])
+# every error a client sees, by its contract code: HTTP error responses and in-band stream error events
+ERRORS = Counter("sie_gateway_errors_total", "Errors answered to clients, by code", ["code", "status"])
 
 
 def render_metrics() -> tuple[bytes, str]:

@@ -20,6 +20,7 @@ import orjson
 
 from gateway.domain import GenerationEvent
 from gateway.errors import GatewayError
+from gateway.metrics import ERRORS
 from gateway.stream_buffer import StreamBuffer
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ async def sse_stream(
                         parts.append(framer(usage))
                     finished = True
                 elif isinstance(item, GatewayError):
+                    ERRORS.labels(code=item.code, status=200).inc()  # in-band: the stream had opened with 200
                     parts.append(framer(renderer.error_chunk(item)))
                     finished = True
                 else:

@@ -11,6 +11,7 @@ import pytest
 from gateway.app import create_app
 from gateway.disconnect import DisconnectAware
 from gateway.drain import Drain, deadline_for
+from gateway.metrics import render_metrics
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
 from tests.integration.conftest import (
@@ -22,6 +23,7 @@ from tests.integration.conftest import (
     FakeTriton,
     assert_error,
     data_events,
+    metric_value,
     one_pool,
     parse_sse,
     tokens,
@@ -81,6 +83,8 @@ async def test_a_stream_still_open_at_the_deadline_ends_in_band_with_done(draine
     else:
         request = client.post(f"/v1/generate/{SIE_MODEL}", json={"prompt": "hi", "max_new_tokens": 200, "stream": True})
     task = asyncio.create_task(request)
+    counted = metric_value(render_metrics()[0].decode(), "sie_gateway_errors_total", code="server_shutting_down",
+                           status="200")
     await asyncio.sleep(0.1)
     drain.begin(GRACEFUL_S)
     started = asyncio.get_running_loop().time()
@@ -97,6 +101,8 @@ async def test_a_stream_still_open_at_the_deadline_ends_in_band_with_done(draine
         assert events[-2]["done"] is True and events[-2]["finish_reason"] == "error"
     assert 0.25 < elapsed < 1.0  # at the deadline, not when the generation would have ended
     assert fake.calls[0].cancelled  # the Triton request is cancelled, not left generating
+    assert metric_value(render_metrics()[0].decode(), "sie_gateway_errors_total", code="server_shutting_down",
+                        status="200") == counted + 1  # errors by code, for the dashboard
 
 
 async def test_a_blocking_request_open_at_the_deadline_is_a_503(drained):
