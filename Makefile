@@ -87,7 +87,7 @@ loadtest: install  ## headless locust against the running local stack (start `ma
 soak: model  ## 64 streaming users for 15 minutes on a fresh local stack; fails if RSS grows > 2 % after minute 3
 	PYTHONPATH=. $(PY) scripts/soak.py --users 64 --duration 15m
 
-LINT_PATHS := gateway engine devstack tests bench scripts loadtest model_repository docker .ci
+LINT_PATHS := gateway engine contract devstack tests bench scripts loadtest model_repository docker .ci
 lint: install  ## ruff on every folder, mypy on the shipped code (pyproject [tool.mypy])
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy

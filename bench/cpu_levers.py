@@ -1,4 +1,4 @@
-"""CPU decode levers, measured in process against engine.forward.DecoderForward on the real model (issue 13).
+"""CPU decode levers, measured in process against engine.model.decoder.DecoderForward on the real model (issue 13).
 
 Each variant prefills B rows (prompts of different lengths, so rows sit at different positions), then times greedy
 decode steps; tok/s = B x steps / seconds, best of --reps repetitions. Variants:
@@ -25,11 +25,11 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-import engine.forward as forward_module
+import engine.model.decoder as forward_module
 from devstack.triton import REPO_ROOT
-from engine import linear_kernels
-from engine.forward import DecoderForward
-from engine.model_loading import load_model
+from engine.model import linear_kernels
+from engine.model.decoder import DecoderForward
+from engine.model.loading import load_model
 
 MODEL_DIR = REPO_ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 MAX_LEN = 512
@@ -53,7 +53,7 @@ def _kernel(fwd: DecoderForward, kind: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _mask_mode(mode: str) -> Iterator[None]:
-    """Patch SDPA in engine.forward: 'float' turns a bool mask into an additive one, 'none' drops it."""
+    """Patch SDPA in engine.model.decoder: 'float' turns a bool mask into an additive one, 'none' drops it."""
     original = forward_module.F
 
     class _Shim:
@@ -108,7 +108,7 @@ def _best_run(fwd, b, steps, reps, **kw) -> tuple[float, list[list[int]]]:
 
 
 def _static_decode(fwd: DecoderForward, token_t: torch.Tensor, pos_t: torch.Tensor, span: int) -> torch.Tensor:
-    """engine.forward's decode with tensor inputs and a fixed span, so one graph serves every step of a bucket."""
+    """engine.model.decoder's decode with tensor inputs and a fixed span, so one graph serves every step of a bucket."""
     b = token_t.shape[0]
     rows = torch.arange(b)
     h = fwd.embed[token_t]

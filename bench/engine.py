@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from engine.engine import EngineConfig, LLMEngine
+from engine.llm_engine import EngineConfig, LLMEngine
 from engine.sampling_params import GrammarRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]

@@ -145,7 +145,7 @@ async def _stream_rates(stub, gw_port: int) -> tuple[float, float]:
 
 
 def _engine_tok_s(prompts: list[str], max_tokens: int) -> float:
-    from engine.engine import EngineConfig, LLMEngine
+    from engine.llm_engine import EngineConfig, LLMEngine
     from engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(str(REPO_ROOT / ".cache/models/SmolLM2-135M-Instruct"), max_slots=16,

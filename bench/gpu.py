@@ -107,7 +107,7 @@ class Bench:
     def __init__(self, name: str, spec: dict, args) -> None:
         from transformers import AutoTokenizer
 
-        from engine.engine import EngineConfig, LLMEngine
+        from engine.llm_engine import EngineConfig, LLMEngine
 
         self.name, self.args, self.device = name, args, args.device
         self.new = args.new_tokens
@@ -140,7 +140,7 @@ class Bench:
 
     def engine_run(self, prompts: list[list[int]], make_params) -> dict:
         """Submit all at once; drain every request's outputs from one queue as they arrive."""
-        from engine.sequence import EngineRequest
+        from engine.request import EngineRequest
 
         arrivals: queue.SimpleQueue = queue.SimpleQueue()
         t0 = time.perf_counter()

@@ -35,12 +35,12 @@ def main() -> int:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from engine.cuda_graphs import DecodeGraphs
-    from engine.engine import EngineConfig, LLMEngine
-    from engine.kv_cache import KVCache
+    from engine.core.scheduler import Scheduler
+    from engine.llm_engine import EngineConfig, LLMEngine
+    from engine.model.kv_cache import KVCache
+    from engine.request import EngineRequest
+    from engine.runner.cuda_graphs import DecodeGraphs
     from engine.sampling_params import GrammarRequest, SamplingParams
-    from engine.scheduler import Scheduler
-    from engine.sequence import EngineRequest
 
     dtype = getattr(torch, args.dtype)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

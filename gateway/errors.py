@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 # torch-free: the error table imports nothing (engine/__init__.py imports nothing either)
-from engine.error_codes import ERROR_CODES, UNKNOWN, UNKNOWN_CODE
+from contract.error_codes import ERROR_CODES, UNKNOWN, UNKNOWN_CODE
 
 
 class GatewayError(Exception):
@@ -194,7 +194,7 @@ class WorkerError(GatewayError):
 
 def worker_error(code: str, message: str, param: str | None = None) -> GatewayError:
     """Build the gateway error for a worker-reported code from the contract's one error table
-    (engine/error_codes.py, shared with the model side); unknown codes → 500 inference_error."""
+    (contract/error_codes.py, shared with the model side); unknown codes → 500 inference_error."""
     entry = ERROR_CODES.get(code)
     if entry is None:
         entry = UNKNOWN

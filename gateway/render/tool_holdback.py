@@ -1,7 +1,7 @@
 """Streaming content when tools are offered: release text as soon as it cannot start a tool call.
 
 The engine recognises a call only at the start of a choice's text (after whitespace): a JSON array or
-object, or a `<tool_call>` block (engine/tool_parser.py). So, like vLLM's streaming tool parsers, the
+object, or a `<tool_call>` block (engine/text/tool_parser.py). So, like vLLM's streaming tool parsers, the
 renderer holds back only a leading part that could still become one of those, and streams everything
 else as it arrives. Text that starts like a call stays held until the choice closes: then it is either
 the call (sent as `tool_calls`) or plain content after all.

@@ -102,7 +102,7 @@ def _peft_merged_reference(messages: list[dict], max_new_tokens: int) -> str:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from engine.chat import render_chat
+    from engine.text.chat import render_chat
 
     cache = Path(os.environ.get("SIE_MODEL_CACHE") or Path(__file__).resolve().parents[2] / ".cache" / "models")
     model_dir, adapter = cache / "SmolLM2-135M-Instruct", cache / "smollm2-lora-pirate"

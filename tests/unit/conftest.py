@@ -33,7 +33,7 @@ def real_engine():
     _require_model()
     import torch
 
-    from engine.engine import EngineConfig, LLMEngine
+    from engine.llm_engine import EngineConfig, LLMEngine
 
     torch.manual_seed(0)
     eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=ENGINE_SLOTS, max_len=ENGINE_MAX_LEN, threads=2))
@@ -45,8 +45,8 @@ def real_engine():
 @pytest.fixture
 def make_scheduler(real_engine):
     """A synchronous Scheduler over the session model's weights with its own KV cache (stepped by the test)."""
-    from engine.kv_cache import KVCache
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
+    from engine.model.kv_cache import KVCache
 
     def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, prefill_budget: int = 512) -> Scheduler:
         fwd = copy.copy(real_engine.forward)  # shares the fused weights and RoPE tables

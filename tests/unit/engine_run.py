@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.sequence import EngineRequest, RequestOutput
 
 PROMPTS = [
     "Why is the sky blue?",

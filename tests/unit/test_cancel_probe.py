@@ -1,6 +1,6 @@
 """The Triton glue's cancellation probe asks the server at most once per interval, and never forgets."""
 
-from engine.cancel_probe import CancelProbe
+from engine.triton.cancel_probe import CancelProbe
 
 
 class Clock:

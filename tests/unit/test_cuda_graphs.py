@@ -1,4 +1,4 @@
-"""Bucketed, padded decode steps (engine.cuda_graphs) give the plain decode's logits and leave other slots alone.
+"""Bucketed, padded decode steps (engine.runner.cuda_graphs) give the plain decode's logits and leave other slots alone.
 
 On the CPU the runner goes through the same static buffers, batch/span buckets and padded rows as on a GPU,
 only without capturing (capture=False); the graph capture itself is checked on the device (bench/gpu.py).
@@ -10,8 +10,8 @@ import copy
 
 import torch
 
-from engine.cuda_graphs import DecodeGraphs, buckets
-from engine.kv_cache import KVCache
+from engine.model.kv_cache import KVCache
+from engine.runner.cuda_graphs import DecodeGraphs, buckets
 
 from .engine_run import PROMPTS, Run, greedy
 

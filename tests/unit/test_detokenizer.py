@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.text.detokenizer import IncrementalDetokenizer
 
 
 def stream(tokenizer, text: str, stop: list[str]) -> tuple[IncrementalDetokenizer, list[str], list[int]]:

@@ -77,7 +77,7 @@ def test_dockerignore_reading():
     pats = [(False, re.compile(_glob_regex("*"))), (True, re.compile(_glob_regex("engine"))),
             (False, re.compile(_glob_regex("**/__pycache__")))]
     assert _excluded("scripts/make_lora.py", pats)
-    assert not _excluded("engine/scheduler.py", pats)
+    assert not _excluded("engine/core/scheduler.py", pats)
     assert _excluded("engine/__pycache__/x.pyc", pats)
 
 

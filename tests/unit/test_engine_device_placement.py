@@ -16,8 +16,8 @@ import re
 import pytest
 import torch
 
+from engine.core.sequence import Sequence
 from engine.sampling_params import GrammarRequest, SamplingParams
-from engine.sequence import Sequence
 
 from .conftest import MODEL_DIR
 from .device_check import ENGINE_DIR, HostReads, ImplicitDeviceFactories
@@ -35,7 +35,7 @@ def prompts(real_engine) -> list[list[int]]:
 def adapters(real_engine):
     if not (ADAPTER_DIR / ".complete").exists():
         pytest.skip(f"demo adapter not built at {ADAPTER_DIR} (run `make model`)")
-    from engine.lora import load_adapters
+    from engine.model.lora import load_adapters
 
     table = load_adapters(real_engine.model, {"pirate": str(ADAPTER_DIR)})
     table["doomed"] = table["pirate"]  # removed mid-run to make a batched step fail
@@ -43,8 +43,8 @@ def adapters(real_engine):
 
 
 def _scheduler(real_engine, adapters, slots: int = 8, prefill_budget: int = 512):
-    from engine.kv_cache import KVCache
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
+    from engine.model.kv_cache import KVCache
 
     fwd = copy.copy(real_engine.forward)
     fwd.adapters = dict(adapters)
@@ -120,11 +120,11 @@ def test_the_check_catches_an_implicit_factory_in_engine_code(real_engine, adapt
 
     # planted in a real step path (the repetition penalty's prompt mask): the full run reports it, with its place
     scope: dict = {"torch": torch}
-    exec(compile(_PLANTED, str(ENGINE_DIR / "sequence.py"), "exec"), scope)
+    exec(compile(_PLANTED, str(ENGINE_DIR / "core" / "sequence.py"), "exec"), scope)
     monkeypatch.setattr(Sequence, "prompt_mask", scope["prompt_mask"])
     with ImplicitDeviceFactories() as check:
         _run_all_paths(real_engine, adapters, prompts)
-    assert check.found and set(check.found) == {"engine/sequence.py:3 torch.zeros"}
+    assert check.found and set(check.found) == {"engine/core/sequence.py:3 torch.zeros"}
 
 
 def test_a_decode_step_reads_the_device_once(real_engine, adapters, prompts):
@@ -144,7 +144,7 @@ def test_a_decode_step_reads_the_device_once(real_engine, adapters, prompts):
             run.step()
     assert len(run.sched.decoding) == 5  # every row was still decoding
     assert len(check.reads) == 3, check.reads
-    assert all(re.fullmatch(r"engine/sampler\.py:\d+ tolist", r) for r in check.reads), check.reads
+    assert all(re.fullmatch(r"engine/sampling/sampler\.py:\d+ tolist", r) for r in check.reads), check.reads
 
 
 def test_the_read_check_counts_device_results_only():

@@ -14,7 +14,7 @@ from tests.unit.conftest import MODEL_DIR, _require_model
 
 def test_crashed_loop_fails_requests_and_signals_fatal():
     _require_model()
-    from engine.engine import EngineConfig, LLMEngine
+    from engine.llm_engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=2, max_len=64))
     fatal = threading.Event()
@@ -42,7 +42,7 @@ def test_requests_still_queued_when_the_loop_dies_get_a_final_error():
     """A request submitted while the loop was inside its fatal step sits in the intake queue, not the
     scheduler: it must be failed too, not left without a final response."""
     _require_model()
-    from engine.engine import EngineConfig, LLMEngine
+    from engine.llm_engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=2, max_len=64))
     late: list = []

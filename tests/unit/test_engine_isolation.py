@@ -191,7 +191,7 @@ def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, prom
 
 
 def test_explicit_cap_past_the_context_is_context_exceeded(make_scheduler, prompts):
-    from engine.sequence import EngineRequest
+    from engine.request import EngineRequest
 
     sched = make_scheduler(max_len=64)
     explicit = SamplingParams.from_dict({"max_tokens": 40, "max_tokens_param": "max_new_tokens"})
@@ -204,8 +204,8 @@ def test_explicit_cap_past_the_context_is_context_exceeded(make_scheduler, promp
 
 
 def test_kv_budget_error_names_the_clients_field(make_scheduler, prompts):
-    from engine.scheduler import Scheduler
-    from engine.sequence import EngineRequest
+    from engine.core.scheduler import Scheduler
+    from engine.request import EngineRequest
 
     base = make_scheduler()
     sched = Scheduler(base.forward, base.sampler, base.tokenizer, kv_budget_tokens=60)

@@ -1,7 +1,7 @@
 """LoRA in our forward against peft's merged model, and an adapter request alone vs in a mixed batch.
 
 Uses the demo adapter built by `make model` (scripts/make_lora.py) through the production loader
-(`engine.lora.load_adapters`).
+(`engine.model.lora.load_adapters`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ADAPTER_DIR = MODEL_DIR.parent / "smollm2-lora-pirate"
 def lora_forward(real_engine):
     if not (ADAPTER_DIR / ".complete").exists():
         pytest.skip(f"demo adapter not built at {ADAPTER_DIR} (run `make model`)")
-    from engine.lora import load_adapters
+    from engine.model.lora import load_adapters
 
     fwd = copy.copy(real_engine.forward)
     fwd.adapters = load_adapters(real_engine.model, {"pirate": str(ADAPTER_DIR)})
@@ -43,8 +43,8 @@ def prompts(real_engine) -> list[list[int]]:
 
 
 def scheduler(real_engine, fwd, slots: int = 8):
-    from engine.kv_cache import KVCache
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
+    from engine.model.kv_cache import KVCache
 
     fwd = copy.copy(fwd)
     fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 256, fwd.head_dim, fwd.dtype, fwd.device)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.sampler import LOGPROB_FLOOR, Sampler
+from engine.sampling.sampler import LOGPROB_FLOOR, Sampler
 from engine.sampling_params import SamplingParams
 
 V = 10

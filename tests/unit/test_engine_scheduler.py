@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine.errors import QueueFull
+from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.sequence import EngineRequest, RequestOutput
 
 from .conftest import ENGINE_SLOTS
 from .engine_run import PROMPTS, Run, greedy

@@ -1,4 +1,4 @@
-"""The one error table (engine/error_codes.py) read by both sides of the Triton contract."""
+"""The one error table (contract/error_codes.py) read by both sides of the Triton contract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.error_codes import ERROR_CODES, UNKNOWN_CODE, lookup
+from contract.error_codes import ERROR_CODES, UNKNOWN_CODE, lookup
 from gateway.errors import worker_error
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ def _mistral(**kw):
     (lambda: _mistral(sliding_window=16), "sliding_window"),
 ])
 def test_a_feature_the_fused_forward_ignores_is_rejected_at_load_by_name(model, feature):
-    from engine.forward import DecoderForward
+    from engine.model.decoder import DecoderForward
 
     with pytest.raises(ValueError, match=feature):
         DecoderForward(model(), max_slots=2, max_len=64)
@@ -37,7 +37,7 @@ def test_a_feature_the_fused_forward_ignores_is_rejected_at_load_by_name(model, 
 
 @torch.inference_mode()
 def test_a_sliding_window_no_shorter_than_the_cache_is_full_attention_and_loads():
-    from engine.forward import DecoderForward
+    from engine.model.decoder import DecoderForward
 
     model = _mistral(sliding_window=64)
     fwd = DecoderForward(model, max_slots=1, max_len=64)

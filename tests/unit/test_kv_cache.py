@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import torch
 
-from engine.kv_cache import KVCache
+from engine.model.kv_cache import KVCache
 
 
 def _cache() -> KVCache:

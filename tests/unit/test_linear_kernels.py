@@ -1,4 +1,4 @@
-"""engine.linear_kernels: the oneDNN-prepacked linear agrees with F.linear, the choice honours the override, and a
+"""engine.model.linear_kernels: the oneDNN-prepacked linear agrees with F.linear, the choice honours the override, and a
 forward laid out either way gives the same logits and greedy tokens as the HF model (a tiny random Llama)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import linear_kernels
-from engine.linear_kernels import choose_kind, linear, pack
+from engine.model import linear_kernels
+from engine.model.linear_kernels import choose_kind, linear, pack
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -71,7 +71,7 @@ def _tiny_llama():
 @torch.inference_mode()
 @pytest.mark.parametrize("kind", ["mkl", "dnnl"])
 def test_forward_with_either_kind_matches_hf(monkeypatch, kind):
-    from engine.forward import DecoderForward
+    from engine.model.decoder import DecoderForward
 
     monkeypatch.setenv("SIE_LINEAR_KERNEL", kind)
     model = _tiny_llama()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.outputs import OutputStage
+from engine.core.output_processor import OutputStage
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.stats import EngineStats
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from engine.sequence import EngineRequest, Sequence, SequenceGroup
-from engine.stats import EngineStats
-from engine.token_text import TokenText
+from engine.text.token_text import TokenText
 
 CORPUS = [
     "The capital of France is Paris, the city of light.",

@@ -1,8 +1,8 @@
 """Sender-side coalescing keeps each request's order and never merges closing outputs."""
 
 from engine.errors import EngineError
-from engine.outbox import coalesce
-from engine.sequence import RequestOutput
+from engine.request import RequestOutput
+from engine.triton.outbox import coalesce
 
 
 def out(index: int, text: str, finish: str | None = None, final: bool = False, lp=None, n: int = 0):

@@ -1,4 +1,4 @@
-"""The sampler's device-side output-token counts (engine.penalty_counts) equal counting each row's output_ids."""
+"""The sampler's device-side output-token counts (engine.sampling.penalty_counts) equal counting output_ids."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import torch
 
-from engine.penalty_counts import PenaltyCounts
+from engine.sampling.penalty_counts import PenaltyCounts
 
 VOCAB = 11
 

@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from engine.kv_cache import KVCache
-from engine.prefix_cache import PrefixCache
+from engine.core.prefix_cache import PrefixCache
+from engine.model.kv_cache import KVCache
 from engine.sampling_params import SamplingParams
 
 from .engine_run import Run, greedy
@@ -35,7 +35,7 @@ def turns(real_engine) -> dict[str, list[int]]:
 
 @pytest.fixture
 def cached_scheduler(real_engine):
-    from engine.scheduler import Scheduler
+    from engine.core.scheduler import Scheduler
 
     def make(capacity: int = 4096, slots: int = 8):
         fwd = copy.copy(real_engine.forward)
@@ -89,7 +89,8 @@ def test_no_sharing_across_adapters_or_changed_tokens(cached_scheduler, turns):
 
 
 def test_image_inputs_salt_the_key(make_scheduler):
-    from engine.sequence import EngineRequest, SequenceGroup
+    from engine.core.sequence import SequenceGroup
+    from engine.request import EngineRequest
 
     ids = list(range(1, 40))
     sched = make_scheduler()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.sequence import EngineRequest, RequestOutput
 
 
 def _is_marker(out: RequestOutput) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.reasoning import ReasoningSplitter
+from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from engine.sequence import EngineRequest
+from engine.text.reasoning import ReasoningSplitter
 
 TEXT = "<think>plan a reply</think>Paris is the capital."
 
@@ -34,7 +34,7 @@ def _run(make_scheduler, include: bool, stream: bool) -> tuple[str, str, list]:
     outputs = []
     grammar = {"kind": "regex", "value": "<think>[a-z ]{3,12}</think>[A-Z][a-z]{2,8}"}
     params = SamplingParams.from_dict({"max_tokens": 48, "grammar": grammar, "include_reasoning": include})
-    from engine.grammar import GrammarCompilerCache
+    from engine.sampling.grammar import GrammarCompilerCache
 
     cache = GrammarCompilerCache(sched.tokenizer, sched.forward.vocab_size, sched.sampler.stop_token_set)
     request = EngineRequest("r", sched.tokenizer.encode("Think, then answer:"), params, outputs.append, stream)

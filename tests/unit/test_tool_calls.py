@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.tool_grammar import forced_tool_grammar
-from engine.tool_parser import parse_tool_calls
+from engine.inputs.tool_grammar import forced_tool_grammar
+from engine.text.tool_parser import parse_tool_calls
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
 from gateway.render.chat import ChatStreamRenderer, render_chat_completion
 

@@ -14,7 +14,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from engine.error_codes import ERROR_CODES
+from contract.error_codes import ERROR_CODES
 from engine.sampling_params import SamplingParams
 from gateway.domain import GenerationRequest, GrammarSpec, ImageInput
 from gateway.errors import GatewayError, MalformedWorkerResponse

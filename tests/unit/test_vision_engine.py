@@ -32,7 +32,7 @@ def checkerboard() -> bytes:
 
 
 def make_engine(prefill_budget: int = 512):
-    from engine.engine import EngineConfig, LLMEngine
+    from engine.llm_engine import EngineConfig, LLMEngine
 
     path = ensure_tiny_vlm()
     if path is None:
@@ -56,7 +56,7 @@ def params(**kw):
 
 def run(eng, prompt=None, messages=None, images=None, **kw):
     """Submit one request through encode_inputs -> EngineRequest -> the engine loop; the collected outputs."""
-    from engine.sequence import EngineRequest
+    from engine.request import EngineRequest
 
     p = params(**kw)
     ids, embeds = eng.encode_inputs(prompt, messages, p, images)
@@ -71,7 +71,7 @@ def run(eng, prompt=None, messages=None, images=None, **kw):
 def first_token_logits(eng, ids, embeds, chunk: int = 1000):
     """Prefill on a private KV cache (the engine's weights), optionally in chunks; logits of the last token."""
 
-    from engine.kv_cache import KVCache
+    from engine.model.kv_cache import KVCache
 
     fwd = copy.copy(eng.forward)
     fwd.cache = KVCache(len(fwd.layers), 1, fwd.n_kv, MAX_LEN, fwd.head_dim, fwd.dtype, fwd.device)

@@ -1,4 +1,4 @@
-"""The vLLM-backend output options of one request (engine/vllm_compat.py); torch-free, also run under Python 3.10."""
+"""The vLLM-backend output options of one request (engine/triton/reply.py); torch-free, also run under Python 3.10."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import pytest
 
 from engine.errors import EngineError
-from engine.vllm_compat import Reply
+from engine.triton.reply import Reply
 
 
 @dataclass
-class Out:  # the fields of engine.sequence.RequestOutput that Reply reads
+class Out:  # the fields of engine.core.sequence.RequestOutput that Reply reads
     index: int
     text: str
     prompt_tokens: int = 7

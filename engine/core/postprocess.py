@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.sequence import Sequence
 from engine.errors import EngineError
-from engine.sequence import Sequence
-from engine.tool_parser import parse_tool_calls
+from engine.text.tool_parser import parse_tool_calls
 
 
 class OutputPostprocessor:

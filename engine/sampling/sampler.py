@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from engine.penalty_counts import PenaltyCounts
+from engine.sampling.penalty_counts import PenaltyCounts
 from engine.sampling_params import SamplingParams
 from engine.staging import row_index, stage
 

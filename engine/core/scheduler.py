@@ -21,14 +21,15 @@ import time
 
 import torch
 
+from engine.core.output_processor import OutputStage, Postprocess
+from engine.core.prefix_cache import PrefixCache
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.stats import EngineStats
 from engine.errors import EngineError, is_device_fault, request_error
-from engine.forward import DecoderForward
-from engine.outputs import OutputStage, Postprocess
-from engine.prefix_cache import PrefixCache
-from engine.sampler import Sampler
-from engine.sequence import EngineRequest, RequestOutput, Sequence, SequenceGroup
+from engine.model.decoder import DecoderForward
+from engine.request import EngineRequest, RequestOutput
+from engine.sampling.sampler import Sampler
 from engine.staging import stage
-from engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Python backend stub
 
-from engine.cancel_probe import CancelProbe
-from engine.engine import EngineConfig, LLMEngine
-from engine.error_codes import lookup
+from contract.error_codes import lookup
 from engine.errors import EngineError
-from engine.outbox import coalesce
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.sequence import EngineRequest, RequestOutput
-from engine.triton_metrics import EngineMetrics
-from engine.vllm_compat import FLAG_INPUTS, Reply
+from engine.triton.cancel_probe import CancelProbe
+from engine.triton.metrics import EngineMetrics
+from engine.triton.outbox import coalesce
+from engine.triton.reply import FLAG_INPUTS, Reply
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def _input_bool(request, name: str) -> bool:
 
 
 def _input_flags(request) -> dict[str, bool]:
-    """The vLLM backend's optional BOOL inputs that this request sent (engine/vllm_compat.py)."""
+    """The vLLM backend's optional BOOL inputs that this request sent (engine/triton/reply.py)."""
     flags = {}
     for name in FLAG_INPUTS:
         tensor = pb_utils.get_input_tensor_by_name(request, name)

@@ -18,7 +18,7 @@ import numpy as np
 from engine.errors import invalid
 
 if TYPE_CHECKING:  # torch-free at run time
-    from engine.sequence import RequestOutput
+    from engine.request import RequestOutput
 
 FLAG_INPUTS = ("exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
                "return_num_output_tokens")

@@ -28,7 +28,7 @@ import torch
 from engine.staging import stage
 
 if TYPE_CHECKING:
-    from engine.forward import DecoderForward
+    from engine.model.decoder import DecoderForward
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Image input for Llava-style vision-language models, on the same DecoderForward path as text.
 
-A vision model (engine.model_loading) is loaded with its processor;
+A vision model (engine.model.loading) is loaded with its processor;
 DecoderForward runs its language model (`model.model.language_model` + `model.lm_head`). For a
 request with images the prompt is rendered through the chat template with `<image>` placeholders
 (one user turn for a native prompt; before the text of the last user message for chat), the
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from engine.chat import render_chat
 from engine.errors import EngineError
+from engine.text.chat import render_chat
 
 
 def decode_images(images: list[bytes]) -> list[Any]:

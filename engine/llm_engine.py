@@ -11,20 +11,20 @@ from typing import Any
 
 import torch
 
-from engine.chat import render_chat
-from engine.cuda_graphs import DecodeGraphs
+from engine.core.postprocess import OutputPostprocessor
+from engine.core.scheduler import Scheduler
 from engine.errors import EngineError, QueueFull, is_device_fault
-from engine.forward import DecoderForward
-from engine.grammar import GrammarCompilerCache
-from engine.lora import load_adapters
-from engine.model_loading import load_model
-from engine.postprocess import OutputPostprocessor
-from engine.sampler import Sampler
+from engine.inputs.tool_grammar import forced_tool_grammar
+from engine.inputs.vision import VisionPrompter
+from engine.model.decoder import DecoderForward
+from engine.model.loading import load_model
+from engine.model.lora import load_adapters
+from engine.request import EngineRequest, RequestOutput
+from engine.runner.cuda_graphs import DecodeGraphs
+from engine.sampling.grammar import GrammarCompilerCache
+from engine.sampling.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import EngineRequest, RequestOutput
-from engine.tool_grammar import forced_tool_grammar
-from engine.vision import VisionPrompter
+from engine.text.chat import render_chat
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class EngineConfig:
     kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
     prefix_cache_tokens: int = 8192  # K/V of past prompts kept for reuse (automatic prefix caching; 0: off)
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
-    cuda_graphs: bool = True  # on a GPU, replay decode steps from captured CUDA graphs (engine.cuda_graphs)
+    cuda_graphs: bool = True  # on a GPU, replay decode steps from captured CUDA graphs (engine.runner.cuda_graphs)
 
 
 def _resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -126,7 +126,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         images: list[bytes] | None = None,
     ) -> tuple[list[int], torch.Tensor | None]:
-        """Prompt ids, plus the prompt's input embeddings when images are present (see engine.vision)."""
+        """Prompt ids, plus the prompt's input embeddings when images are present (see engine.inputs.vision)."""
         if not images:
             return self.encode_prompt(prompt, messages, params), None
         if self.vision is None:

@@ -2,55 +2,16 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EngineError
-from engine.reasoning import ReasoningSplitter
+from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.reasoning import ReasoningSplitter
 
 DETOK_CONTEXT = 6  # prompt tokens that seed each candidate's detokenizer
-
-
-@dataclass
-class RequestOutput:
-    """One event for the caller: a delta of one choice, its closure, or the request's end."""
-
-    request_id: str
-    index: int
-    text: str
-    finish_reason: str | None = None
-    logprobs: list[dict[str, Any]] | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    final: bool = False  # no more outputs follow for this request
-    error: EngineError | None = None
-    stop_reason: str | int | None = None  # the stop string matched, or the stop token id
-    tool_calls: list[dict[str, Any]] | None = None
-    reasoning: str | None = None
-    ttft_ms: float | None = None  # on closing outputs: engine-side time to first token
-    tpot_ms: float | None = None  # on closing outputs: mean time per output token after the first
-    cached_tokens: int = 0  # of prompt_tokens, served from the prefix cache
-    progress: bool = False  # an empty output that only says the first token exists (blocking requests)
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    on_output: Callable[[RequestOutput], None]
-    stream: bool = True
-    is_cancelled: Callable[[], bool] | None = None
-    prompt_embeds: torch.Tensor | None = None  # [prompt_len, hidden] input embeddings when images are present
-    arrival: float = field(default_factory=time.monotonic)
-    grammar: Callable[[], Any] | None = None  # makes the per-sequence grammar state
-    prompt_param: str = "messages"  # the request field a prompt-size error names ("prompt" on native generate)
 
 
 class Sequence:
@@ -92,7 +53,7 @@ class Sequence:
 
     def record_token(self, token: int, logprob: float) -> None:
         self.output_ids.append(token)
-        self.cum_logprob += logprob  # penalty counts follow output_ids in the sampler (engine.penalty_counts)
+        self.cum_logprob += logprob  # penalty counts follow output_ids in the sampler (engine.sampling.penalty_counts)
 
     def fork(self, index: int, generator: torch.Generator, tokenizer) -> Sequence:
         child = Sequence(self.group, index, generator, tokenizer)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv_cache import KVCache, zeroed
+from engine.model.kv_cache import KVCache, zeroed
 
 BlockKey = int
 

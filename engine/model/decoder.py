@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import KVCache
-from engine.linear_kernels import choose_kind, linear, pack
-from engine.lora import AdapterTable, LoraBatch
-from engine.model_loading import language_model, unsupported_features
+from engine.model.kv_cache import KVCache
+from engine.model.linear_kernels import choose_kind, linear, pack
+from engine.model.loading import language_model, unsupported_features
+from engine.model.lora import AdapterTable, LoraBatch
 from engine.staging import stage
 
 if TYPE_CHECKING:
-    from engine.cuda_graphs import DecodeGraphs
+    from engine.runner.cuda_graphs import DecodeGraphs
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -70,10 +70,10 @@ class DecoderForward:
     def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
         config, inner, arch = language_model(hf_model)  # a VLM's language model too
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch} is not supported by engine.forward")
+            raise ValueError(f"architecture {arch} is not supported by engine.model.decoder")
         unsupported = unsupported_features(config, inner, max_len)
         if unsupported:  # rejected at load: the fused forward would ignore them and generate wrong text
-            raise ValueError(f"{arch}: not supported by engine.forward: {', '.join(unsupported)}")
+            raise ValueError(f"{arch}: not supported by engine.model.decoder: {', '.join(unsupported)}")
         self.config = config
         self.n_heads = config.num_attention_heads
         self.n_kv = config.num_key_value_heads
@@ -86,7 +86,7 @@ class DecoderForward:
         self.final_norm = inner.norm.weight.detach()
         self.lm_head = hf_model.lm_head.weight.detach()
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        # GEMM path by ISA and a quick measurement at load (engine.linear_kernels); weights prepacked if oneDNN
+        # GEMM path by ISA and a quick measurement at load (engine.model.linear_kernels); weights prepacked if oneDNN
         self.linear_kind = "torch"
         first = self.layers[0]
         self.set_linear_kind(choose_kind(self.device, [first.qkv, first.o_proj, first.gate_up, first.down]))
@@ -95,7 +95,7 @@ class DecoderForward:
         )
         self._build_rope(config, max_len)
         self.adapters: AdapterTable = {}
-        self.graphs: DecodeGraphs | None = None  # CUDA-graph replay of decode steps (engine.cuda_graphs)
+        self.graphs: DecodeGraphs | None = None  # CUDA-graph replay of decode steps (engine.runner.cuda_graphs)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.mlp_splits = [config.intermediate_size, config.intermediate_size]
 
@@ -243,7 +243,7 @@ class DecoderForward:
                ) -> torch.Tensor:
         """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
         with_lora = bool(adapters and any(adapters))
-        if self.graphs is not None and not with_lora:  # replayed from a captured CUDA graph (engine.cuda_graphs)
+        if self.graphs is not None and not with_lora:  # replayed from a captured CUDA graph (engine.runner.cuda_graphs)
             logits = self.graphs.decode(token_ids, positions)
             if logits is not None:
                 return logits

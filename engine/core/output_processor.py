@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.stats import EngineStats
 from engine.errors import EngineError
-from engine.sequence import RequestOutput, Sequence, SequenceGroup
-from engine.stats import EngineStats
-from engine.token_text import TokenText
+from engine.request import RequestOutput
+from engine.text.token_text import TokenText
 
 Postprocess = Callable[[Sequence], dict[str, Any]]
 

@@ -1,7 +1,7 @@
 """Forced tool choice (`required` / a named function) as a JSON-schema grammar over our call format.
 
 The model-agnostic call format is a JSON array of `{"name": ..., "arguments": {...}}` objects
-(see engine.chat); the grammar guarantees a parseable call with a declared name.
+(see engine.text.chat); the grammar guarantees a parseable call with a declared name.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.sequence import RequestOutput
+from engine.request import RequestOutput
 
 
 def _mergeable(out: RequestOutput) -> bool:

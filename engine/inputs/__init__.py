@@ -1,0 +1,1 @@
+"""Request preprocessing on the caller's thread: images, forced tool-call grammars."""

@@ -1,0 +1,1 @@
+"""The model: weights lifted from Hugging Face, the fused decoder, KV cache, linear kernels, LoRA."""

@@ -1,0 +1,1 @@
+"""The model runner and its CUDA graphs: inputs in, logits out."""

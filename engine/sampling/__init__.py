@@ -1,0 +1,1 @@
+"""Sampling: the sampler, penalty counts, grammar masks."""

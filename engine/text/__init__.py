@@ -1,0 +1,1 @@
+"""Torch-free text work: chat templates, detokenizer, reasoning split, tool-call parsing."""
