@@ -113,8 +113,8 @@ class LLMEngine:
     ) -> list[int]:
         if messages is not None:
             tools = params.tools if params and params.tool_choice != "none" else None
-            text = render_chat(self.tokenizer, messages, tools, params.chat_template_kwargs if params else None)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            chat = render_chat(self.tokenizer, messages, tools, params.chat_template_kwargs if params else None)
+            return chat.encode(self.tokenizer)
         if prompt is None:
             raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")
         return self.tokenizer.encode(prompt)

@@ -84,15 +84,15 @@ class VisionPrompter:
             messages = [{"role": "user", "content": prompt}]  # native generate: one user turn
         tools = params.tools if params is not None and params.tool_choice != "none" else None
         kwargs = params.chat_template_kwargs if params is not None else None
-        text = render_chat(self.tokenizer, with_image_parts(messages, len(pil_images)), tools, kwargs)
+        chat = render_chat(self.tokenizer, with_image_parts(messages, len(pil_images)), tools, kwargs)
         try:
-            enc = self.processor(text=text, images=pil_images, return_tensors="pt", add_special_tokens=False)
+            enc = self.processor(text=chat.text, images=pil_images, return_tensors="pt", add_special_tokens=False)
         except EngineError:
             raise
         except Exception as exc:
             raise EngineError("invalid_request", f"images could not be processed: {exc}", "images") from None
-        ids = enc["input_ids"][0]
-        return ids.tolist(), self.embeddings(ids, enc["pixel_values"])
+        ids = chat.splice(self.tokenizer, enc["input_ids"][0].tolist())  # forged control tokens -> plain text
+        return ids, self.embeddings(torch.tensor(ids), enc["pixel_values"])
 
     @torch.inference_mode()
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:

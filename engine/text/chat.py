@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.control_tokens import ChatPrompt, ControlTokenGuard
 from engine.errors import invalid
 
 TOOLS_SYSTEM_PREAMBLE = (
@@ -51,10 +52,12 @@ def render_chat(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
-) -> str:
-    """Render messages into the prompt text the model continues from."""
+) -> ChatPrompt:
+    """Render messages into the prompt the model continues from; only the template makes control tokens."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
+    guard = ControlTokenGuard(tokenizer)
+    messages, tools, template_kwargs = guard.hide(messages), guard.hide(tools), guard.hide(template_kwargs)
     native_tools = bool(tools) and _template_supports_tools(tokenizer)
     messages = _normalise(messages, inline_tools=not native_tools)
     if tools and not native_tools:
@@ -65,7 +68,7 @@ def render_chat(
             messages.insert(0, {"role": "system", "content": preamble})
     kwargs = dict(template_kwargs or {})
     try:
-        return tokenizer.apply_chat_template(
+        rendered = tokenizer.apply_chat_template(
             messages,
             tools=tools if native_tools else None,
             add_generation_prompt=True,
@@ -74,3 +77,4 @@ def render_chat(
         )
     except Exception as exc:  # template errors are the request's fault (bad turn order, ...)
         raise invalid(f"messages could not be rendered with the model's chat template: {exc}", "messages") from None
+    return guard.prompt(rendered)
