@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.control_tokens import ChatPrompt, ControlTokenGuard
 from engine.errors import invalid
+from engine.text.control_tokens import ChatPrompt, ControlTokenGuard
 
 TOOLS_SYSTEM_PREAMBLE = (
     "You have access to the following functions. To call one or more, reply with only a JSON array "
