@@ -7,6 +7,8 @@ string is trimmed and never leaks into a stream.
 
 from __future__ import annotations
 
+from engine.text.stop_strings import StopMatcher
+
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, stop: list[str], context: list[int] | None = None) -> None:
@@ -14,8 +16,8 @@ class IncrementalDetokenizer:
         a decoder strips at the start of a text (the leading space of SentencePiece/Metaspace tokens),
         as vLLM's incremental detokenizer does."""
         self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.max_stop = max((len(s) for s in self.stop), default=0)
+        stops = [s for s in stop if s]
+        self.stop = StopMatcher(stops) if stops else None
         self.token_ids: list[int] = list(context or [])
         self.prefix_offset = 0
         self.read_offset = len(self.token_ids)
@@ -40,20 +42,19 @@ class IncrementalDetokenizer:
         return self._release(full[len(prefix) :], check_stop)
 
     def _release(self, new_text: str, check_stop: bool) -> str:
-        checked = len(self.pending)  # what is held was already checked (or exempt): a match must end past it
         self.pending += new_text
-        if not self.stop:
+        if self.stop is None:
             out, self.pending = self.pending, ""
             return out
-        cut = _first_stop(self.pending, self.stop, checked) if check_stop else None
-        if cut is not None:
-            index, stop = cut
+        hit = self.stop.feed(new_text, check_stop)
+        if hit is not None:
+            end, stop = hit
             self.matched_stop = stop
-            out, self.pending = self.pending[:index], ""
+            out = self.pending[: len(self.pending) - len(new_text) + end - len(stop)]
+            self.pending = ""
             return out
-        hold = _longest_stop_prefix_suffix(self.pending, self.stop, self.max_stop)
-        out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(self.pending) - hold :]
+        keep = len(self.pending) - self.stop.held  # what cannot begin a stop string any more
+        out, self.pending = self.pending[:keep], self.pending[keep:]
         return out
 
     def flush(self) -> str:
@@ -65,22 +66,3 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(self.token_ids)
         out, self.pending = self.pending + full[len(prefix) :], ""
         return out
-
-
-def _first_stop(text: str, stops: list[str], checked: int) -> tuple[int, str] | None:
-    """The earliest stop string in `text` that ends past its first `checked` characters."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        index = text.find(stop, max(0, checked - len(stop) + 1))
-        if index >= 0 and (best is None or index < best[0]):
-            best = (index, stop)
-    return best
-
-
-def _longest_stop_prefix_suffix(text: str, stops: list[str], max_stop: int) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-    for length in range(min(len(text), max_stop - 1), 0, -1):
-        suffix = text[-length:]
-        if any(s.startswith(suffix) for s in stops):
-            return length
-    return 0

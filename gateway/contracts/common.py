@@ -33,6 +33,10 @@ I64_MIN = -(2**63)
 I64_MAX = 2**63 - 1
 U32_MAX = 2**32 - 1
 MAX_LOGIT_BIAS_ENTRIES = 1024
+# stop strings: OpenAI allows 4, vLLM any number; ours bound what the engine holds per candidate (its matching
+# cost per token does not depend on them, see engine/text/stop_strings.py)
+MAX_STOP_SEQUENCES = 32
+MAX_STOP_LENGTH = 256  # characters
 
 PathPart = str | int
 
@@ -217,6 +221,10 @@ def stop_sequences(value: Any, *, allow_string: bool) -> tuple[str, ...]:
         raise violation("must contain only strings")
     if any(s == "" for s in items):
         raise violation("must not contain empty strings")
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise violation(f"must have at most {MAX_STOP_SEQUENCES} entries")
+    if any(len(s) > MAX_STOP_LENGTH for s in items):
+        raise violation(f"entries must be at most {MAX_STOP_LENGTH} characters")
     return tuple(items)
 
 

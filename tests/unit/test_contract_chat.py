@@ -218,6 +218,8 @@ ERROR_ROWS: list[tuple[str, Any, tuple[type, str], str | None]] = [
     ("stop-non-string-entry", body(stop=["a", 5]), INV, "stop"),
     ("stop-empty-entry", body(stop=["a", ""]), INV, "stop"),
     ("stop-empty-string", body(stop=""), INV, "stop"),
+    ("stop-33-entries", body(stop=[f"s{i}" for i in range(33)]), INV, "stop"),
+    ("stop-entry-over-256-chars", body(stop=["x" * 257]), INV, "stop"),
     ("n-zero", body(n=0), INV, "n"),
     ("n-too-big", body(n=129), INV, "n"),
     ("n-float", body(n=1.5), INV, "n"),
@@ -678,3 +680,11 @@ def test_odd_values_in_every_field(field: str) -> None:
 @given(field=st.sampled_from(FIELDS), value=JSON_VALUES)
 def test_any_json_value_in_any_field(field: str, value: Any) -> None:
     check_any_value(parse_chat_request, body, field, value)
+
+
+def test_stop_at_its_bounds_is_accepted():
+    from gateway.contracts.common import MAX_STOP_LENGTH, MAX_STOP_SEQUENCES
+
+    stops = [f"{i:03d}" + "x" * (MAX_STOP_LENGTH - 3) for i in range(MAX_STOP_SEQUENCES)]
+    req = parse_chat_request(body(stop=stops))
+    assert list(req.stop) == stops

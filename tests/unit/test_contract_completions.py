@@ -89,6 +89,8 @@ ERROR_ROWS: list[tuple[str, Any, tuple[type, str], str | None]] = [
     ("best_of-stream", body(best_of=2, stream=True), UNS, "best_of"),
     ("stop-int", body(stop=5), INV, "stop"),
     ("stop-empty-string", body(stop=["a", ""]), INV, "stop"),
+    ("stop-33-entries", body(stop=[f"s{i}" for i in range(33)]), INV, "stop"),
+    ("stop-entry-over-256-chars", body(stop=["x" * 257]), INV, "stop"),
     ("seed-float", body(seed=1.5), INV, "seed"),
     ("seed-over-i64", body(seed=2**63), INV, "seed"),
     ("logit_bias-key", body(logit_bias={"abc": 1}), INV, "logit_bias"),
