@@ -24,6 +24,7 @@ from engine.runner.cuda_graphs import DecodeGraphs
 from engine.sampling.grammar import GrammarCompilerCache
 from engine.sampling.sampler import Sampler
 from engine.sampling_params import SamplingParams
+from engine.text import tokenizer_task
 from engine.text.chat import render_chat
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,15 @@ class LLMEngine:
         if prompt is None:
             raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")
         return self.tokenizer.encode(prompt)
+
+    def tokenize(self, options: Any, prompt: str | None, messages: list[dict[str, Any]] | None,
+                 template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`/tokenize`: the ids generation would see for this prompt or these messages (engine.text.tokenizer_task)."""
+        return tokenizer_task.tokenize(self.tokenizer, options, prompt, messages, self.config.max_len, template_kwargs)
+
+    def detokenize(self, ids: list[int]) -> tuple[str, dict[str, Any]]:
+        """`/detokenize`: the text of these ids."""
+        return tokenizer_task.detokenize(self.tokenizer, ids, self.config.max_len)
 
     def encode_inputs(
         self,

@@ -52,8 +52,13 @@ def render_chat(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> ChatPrompt:
-    """Render messages into the prompt the model continues from; only the template makes control tokens."""
+    """Render messages into the prompt the model continues from; only the template makes control tokens.
+
+    The two flags are for `/tokenize` (vLLM's options); a generation always opens the assistant's turn."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
     guard = ControlTokenGuard(tokenizer)
@@ -71,7 +76,8 @@ def render_chat(
         rendered = tokenizer.apply_chat_template(
             messages,
             tools=tools if native_tools else None,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             tokenize=False,
             **kwargs,
         )

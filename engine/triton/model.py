@@ -111,6 +111,9 @@ class TritonPythonModel:
         for request in requests:
             reply = Reply(request.get_response_sender())
             try:
+                if self._is_tokenizer_request(request):
+                    self._answer_tokenizer(request, reply)
+                    continue
                 self.engine.submit(self._parse(request, reply))
             except EngineError as exc:
                 self.outbox.put((reply, RequestOutput("", 0, "", "error", final=True, error=exc)))
@@ -119,6 +122,39 @@ class TritonPythonModel:
                 err = EngineError("invalid_request", f"malformed request tensors: {type(exc).__name__}")
                 self.outbox.put((reply, RequestOutput("", 0, "", "error", final=True, error=err)))
         return None
+
+    @staticmethod
+    def _is_tokenizer_request(request) -> bool:
+        return any(pb_utils.get_input_tensor_by_name(request, name) is not None for name in ("tokenize", "detokenize"))
+
+    def _answer_tokenizer(self, request, reply: Reply) -> None:
+        """`tokenize` / `detokenize` (docs/triton-contract.md): one FINAL response, nothing generated. The
+        tokenizer is fast enough to answer here, off the engine loop."""
+        ids_tensor = pb_utils.get_input_tensor_by_name(request, "detokenize")
+        if ids_tensor is not None:
+            text, extras = self.engine.detokenize([int(t) for t in ids_tensor.as_numpy().reshape(-1)])
+        else:
+            raw = _input_str(request, "tokenize") or "{}"
+            try:
+                options = json.loads(raw)
+            except json.JSONDecodeError:
+                raise EngineError("invalid_request", "tokenize is not JSON", "tokenize") from None
+            messages_raw = _input_str(request, "messages")
+            text = ""
+            extras = self.engine.tokenize(options, _input_str(request, "text_input"),
+                                          json.loads(messages_raw) if messages_raw else None, self.template_kwargs)
+        tensors = [
+            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            pb_utils.Tensor("index", np.array([0], dtype=np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([b"stop"], dtype=np.object_)),
+            pb_utils.Tensor("prompt_tokens", np.array([len(extras["token_ids"])], dtype=np.int32)),
+            pb_utils.Tensor("completion_tokens", np.array([0], dtype=np.int32)),
+            pb_utils.Tensor("logprobs", np.array([b""], dtype=np.object_)),
+            pb_utils.Tensor("is_final", np.array([True], dtype=np.bool_)),
+            pb_utils.Tensor("extras", np.array([json.dumps(extras).encode()], dtype=np.object_)),
+        ]
+        reply.sender.send(pb_utils.InferenceResponse(output_tensors=tensors),
+                          flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _parse(self, request, reply: Reply) -> EngineRequest:
         raw = _input_str(request, "sampling_parameters")

@@ -20,7 +20,7 @@ def _check(response) -> None:
         assert headers["x-sie-error-code"] == error["code"]
 
 
-@pytest.mark.parametrize("operation", ["POST /v1/chat/completions", "POST /v1/generate/{model}"])
+@pytest.mark.parametrize("operation", ["POST /v1/chat/completions", "POST /v1/generate/{model}", "POST /v1/responses"])
 def test_no_5xx_and_enveloped_4xx(stub, operation):
     schema = schemathesis.openapi.from_url(stub.url + "/openapi.json")
     method, path = operation.split(" ")

@@ -1,0 +1,36 @@
+"""vLLM's small endpoints on the real stack: /health, /version, and /tokenize, /detokenize through Triton
+with the model's own tokenizer (the counts agree with what generation reports as prompt tokens)."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.e2e.conftest import MODEL, SIE_MODEL
+
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_health_and_version(stack):
+    health = httpx.get(stack.base_url + "/health", timeout=10)
+    assert health.status_code == 200 and health.content == b""
+    assert httpx.get(stack.base_url + "/version", timeout=10).json()["version"]
+
+
+def test_tokenize_counts_match_generation_usage(stack, openai_client):
+    tokenized = httpx.post(stack.base_url + "/tokenize", json={"model": SIE_MODEL, "prompt": PROMPT,
+                                                                "return_token_strs": True}, timeout=30).json()
+    completion = openai_client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1)
+    assert tokenized["count"] == len(tokenized["tokens"]) == completion.usage.prompt_tokens
+    assert len(tokenized["token_strs"]) == tokenized["count"] and tokenized["max_model_len"] > 0
+    chat = httpx.post(stack.base_url + "/tokenize", json={"model": MODEL, "messages": MESSAGES}, timeout=30).json()
+    reply = openai_client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
+    assert chat["count"] == reply.usage.prompt_tokens and chat["token_strs"] is None
+
+
+def test_detokenize_round_trip_and_unknown_id(stack):
+    ids = httpx.post(stack.base_url + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, timeout=30).json()
+    text = httpx.post(stack.base_url + "/detokenize", json={"model": MODEL, "tokens": ids["tokens"]}, timeout=30)
+    assert text.json() == {"prompt": PROMPT}
+    bad = httpx.post(stack.base_url + "/detokenize", json={"model": MODEL, "tokens": [1, 10_000_000]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[1]"
