@@ -1,5 +1,6 @@
 """vLLM's small endpoints on the real stack: /health, /version, and /tokenize, /detokenize through Triton
-with the model's own tokenizer (the counts agree with what generation reports as prompt tokens)."""
+with the model's own tokenizer (the counts agree with what generation reports as prompt tokens); and
+/v1/responses image input, which only the vision model takes."""
 
 from __future__ import annotations
 
@@ -34,3 +35,17 @@ def test_detokenize_round_trip_and_unknown_id(stack):
     assert text.json() == {"prompt": PROMPT}
     bad = httpx.post(stack.base_url + "/detokenize", json={"model": MODEL, "tokens": [1, 10_000_000]}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[1]"
+
+
+def test_responses_input_image_on_the_vision_model_only(stack):
+    from tests.e2e.test_images import VLM, data_uri, png
+
+    content = [{"type": "input_text", "text": "What is in this picture?"},
+               {"type": "input_image", "image_url": data_uri(png((255, 0, 0)))}]
+    body = {"input": [{"role": "user", "content": content}], "max_output_tokens": 8}
+    ok = httpx.post(stack.base_url + "/v1/responses", json={"model": VLM, **body}, timeout=120)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["input_tokens"] > 0 and ok.json()["output"][0]["type"] == "message"
+    refused = httpx.post(stack.base_url + "/v1/responses", json={"model": MODEL, **body}, timeout=30)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "input[0].content[1].type"

@@ -140,6 +140,19 @@ async def test_openapi_has_both_contracts(gw):
     assert "post" in doc["paths"]["/v1/generate/{model}"]
 
 
+async def test_openapi_documents_responses_and_the_vllm_endpoints(gw):
+    doc = (await gw.client.get("/openapi.json")).json()
+    paths = doc["paths"]
+    assert paths["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponsesRequest"}
+    assert {"get", "delete"} <= set(paths["/v1/responses/{response_id}"])
+    for route in ("/tokenize", "/detokenize"):
+        assert "post" in paths[route]
+    assert paths["/health"]["get"]["security"] == [] and paths["/version"]["get"]["security"] == []
+    schema = doc["components"]["schemas"]["ResponsesRequest"]
+    assert {"input", "instructions", "tools", "text", "store", "previous_response_id"} <= set(schema["properties"])
+
+
 async def test_metrics_count_requests(gw):
     async def read() -> tuple[float, float, float]:
         resp = await gw.client.get("/metrics")
