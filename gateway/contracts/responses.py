@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, Field, PrivateAttr, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from gateway.contracts.chat import MAX_TOOLS, MaxTokens, _schema
 from gateway.contracts.common import (
@@ -162,7 +162,8 @@ class ResponsesRequest(ContractModel):
     rejected_keys: ClassVar[dict[str, str]] = REJECTED_KEYS
 
     model: NonEmptyStr
-    input: Annotated[Any, WithJsonSchema(INPUT_SCHEMA)]
+    # validated into messages once, here, so errors carry `input[...]` (images are decoded once)
+    input: Annotated[Any, AfterValidator(parse_input), WithJsonSchema(INPUT_SCHEMA)]
     instructions: str | None = None
     max_output_tokens: MaxTokens | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
@@ -189,17 +190,8 @@ class ResponsesRequest(ContractModel):
     lora_adapter: NonEmptyStr | None = None
     routing_key: str | None = None
 
-    _parsed: ParsedInput = PrivateAttr(default_factory=ParsedInput)
-
-    @field_validator("input")
-    @classmethod
-    def _input(cls, value: Any) -> Any:
-        parse_input(value)  # validated here so errors carry `input[...]`; parsed again below (cheap)
-        return value
-
     @model_validator(mode="after")
     def _cross_field(self) -> ResponsesRequest:
-        self._parsed = parse_input(self.input)
         for i, entry in enumerate(self.include or ()):
             if entry not in (LOGPROBS_INCLUDE, ENCRYPTED_REASONING_INCLUDE):
                 raise violation(f"'{entry}' is not supported; only '{LOGPROBS_INCLUDE}'", "include", i,
@@ -233,7 +225,8 @@ class ResponsesRequest(ContractModel):
 
     @property
     def parsed_input(self) -> ParsedInput:
-        return self._parsed
+        parsed: ParsedInput = self.input  # the AfterValidator's result
+        return parsed
 
     def chat_tool_choice(self) -> Any:
         if isinstance(self.tool_choice, dict):

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.contracts.responses import ResponsesRequest
 from gateway.domain import GenerationResult
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, worker_error
 
 
 def responses_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
@@ -113,8 +113,13 @@ class ResponseShape:
                 "content": [{"type": "reasoning_text", "text": text}]}
 
 
+FAILED_FINISH = ("cancelled", "error")  # a choice that closed without an answer
+
+
 def terminal_status(finish_reason: str | None) -> tuple[str, str | None]:
     """(status, incomplete reason) for the choice's finish reason."""
+    if finish_reason in FAILED_FINISH:
+        return "failed", None
     if finish_reason == "length":
         return "incomplete", "max_output_tokens"
     return "completed", None
@@ -124,6 +129,9 @@ def render_response(shape: ResponseShape, result: GenerationResult) -> dict[str,
     """The blocking Response: reasoning item, then the message or the function calls."""
     choice = result.choices[0]
     status, incomplete = terminal_status(choice["finish_reason"])
+    if status == "failed":  # as on the native route: no answer is an error status, not a response object
+        code = "cancelled" if choice["finish_reason"] == "cancelled" else "inference_error"
+        raise worker_error(code, "the model did not complete the request")
     item_status = "incomplete" if incomplete else "completed"
     output: list[dict[str, Any]] = []
     if choice.get("reasoning"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.domain import GenerationEvent
-from gateway.errors import GatewayError, MalformedWorkerResponse
+from gateway.errors import GatewayError, MalformedWorkerResponse, worker_error
 from gateway.render.responses import ResponseShape, error_object, responses_usage, terminal_status
 from gateway.render.tool_holdback import ToolHoldback
 
@@ -161,6 +161,9 @@ class ResponsesStreamRenderer:
 
     def _close(self, event: GenerationEvent) -> list[dict[str, Any]]:
         status, incomplete = terminal_status(event.finish_reason)
+        if status == "failed":
+            code = "cancelled" if event.finish_reason == "cancelled" else "inference_error"
+            return [self.error_chunk(worker_error(code, "the model did not complete the request"))]
         item_status = "incomplete" if incomplete else "completed"
         held = self.holdback.close(0) if self.holdback is not None else ""
         events = self._close_reasoning(item_status)

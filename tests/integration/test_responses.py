@@ -245,3 +245,12 @@ async def test_client_disconnect_cancels_the_generation(gw):
     assert b"response.created" in b"".join(exchange.chunks)
 
 
+
+
+async def test_a_choice_closed_with_error_is_failed_not_completed(gw):
+    gw.fake().script = [ev("par", prompt=2), ev("", finish="error", prompt=2, completion=1)]
+    events = await stream(gw)
+    final = check_grammar(events)
+    assert events[-1]["type"] == "response.failed" and final["error"]["code"] == "inference_error"
+    gw.fake().script = [ev("", finish="error", prompt=2, completion=1)]
+    assert_error(await post(gw), 500, "inference_error")
