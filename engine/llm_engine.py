@@ -50,6 +50,7 @@ class EngineConfig:
     kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
     prefix_cache_tokens: int = 8192  # K/V of past prompts kept for reuse (automatic prefix caching; 0: off)
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
+    grammar_budget_s: float = 5.0  # the longest a request's grammar may compile before it is refused (400)
     cuda_graphs: bool = True  # on a GPU, replay decode steps from captured CUDA graphs (engine.runner.cuda_graphs)
 
 
@@ -84,7 +85,8 @@ class LLMEngine:
                                    config.kv_budget_tokens, config.prefix_cache_tokens)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
         self.scheduler.reasoning = config.reasoning
-        self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set)
+        self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set,
+                                             config.grammar_budget_s)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
         self._pending = 0
         self._lock = threading.Lock()

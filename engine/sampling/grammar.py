@@ -10,6 +10,7 @@ import collections
 import json
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import xgrammar as xgr
@@ -18,6 +19,7 @@ from engine.errors import EngineError
 from engine.sampling_params import GrammarRequest
 
 _CACHE_SIZE = 128
+COMPILE_THREADS = 2
 
 
 class GrammarState:
@@ -50,14 +52,23 @@ class GrammarState:
 
 
 class GrammarCompilerCache:
-    """Compiles grammars once per (kind, value) and keeps the most recent ones."""
+    """Compiles grammars once per (kind, value), within a time budget, and keeps the most recent ones.
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+    Why a budget: a 1.3 KB schema can take minutes to compile (issue 20 item 2). Compiles run on their own
+    threads (xgrammar releases the GIL while it compiles); a caller waits at most `budget_s` and then gets a 400.
+    A compile cannot be interrupted, so one over budget finishes in the background (and is cached for a
+    retry); at most COMPILE_THREADS run at once, and waiting for one counts against the budget.
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Iterable[int], budget_s: float = 5.0) -> None:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=sorted(stop_token_ids))
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         self.vocab_size = vocab_size
+        self.budget_s = budget_s
         self._cache: collections.OrderedDict[str, xgr.CompiledGrammar] = collections.OrderedDict()
+        self._compiling: dict[str, Future[xgr.CompiledGrammar]] = {}
+        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
         self._lock = threading.Lock()
 
     def new_state(self, grammar: GrammarRequest) -> GrammarState:
@@ -69,7 +80,22 @@ class GrammarCompilerCache:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        compiled = self._compile(grammar)
+            future = self._compiling.get(key)  # the same grammar already compiling: wait for that one
+            if future is None:
+                future = self._compiling[key] = self._pool.submit(self._compile_and_keep, key, grammar)
+        try:
+            return future.result(timeout=self.budget_s)
+        except TimeoutError:
+            raise EngineError("grammar_invalid", f"the {grammar.kind} grammar did not compile within this "
+                              f"model's {self.budget_s:g} s budget; simplify it", "grammar") from None
+
+    def _compile_and_keep(self, key: str, grammar: GrammarRequest) -> xgr.CompiledGrammar:
+        try:
+            compiled = self._compile(grammar)
+            _check_not_empty(compiled, grammar.kind)
+        finally:
+            with self._lock:
+                self._compiling.pop(key, None)
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > _CACHE_SIZE:
@@ -91,3 +117,12 @@ class GrammarCompilerCache:
             raise EngineError("grammar_invalid", f"the {grammar.kind} grammar does not compile: {exc}",
                               "grammar") from None
         raise EngineError("unsupported_field", f"grammar kind '{grammar.kind}' is not supported", "grammar")
+
+
+def _check_not_empty(compiled: xgr.CompiledGrammar, kind: str) -> None:
+    """A grammar whose language is empty (`root ::= root`) compiles, then allows no token at all: say so now."""
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+    if not bool(bitmask.any()) and not matcher.is_terminated():
+        raise EngineError("grammar_invalid", f"the {kind} grammar matches no text at all", "grammar")
