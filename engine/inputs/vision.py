@@ -20,21 +20,52 @@ import torch
 from engine.errors import EngineError
 from engine.text.chat import render_chat
 
+# decoded RGB costs 3 bytes a pixel (and a copy per conversion): 16 images of 9000x9000 took a model process from
+# 0.6 to 9.8 GB (issue 20 item 6). Llava-style processors resize to a few hundred pixels a side anyway.
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_REQUEST_PIXELS = 2 * MAX_IMAGE_PIXELS
 
-def decode_images(images: list[bytes]) -> list[Any]:
-    """Raw image file bytes -> RGB PIL images; anything Pillow cannot decode is the request's fault."""
+
+def decode_images(images: list[bytes], max_image_pixels: int = MAX_IMAGE_PIXELS,
+                  max_request_pixels: int = MAX_REQUEST_PIXELS) -> list[Any]:
+    """Raw image file bytes -> RGB PIL images; anything Pillow cannot decode is the request's fault.
+
+    Every image's size is read from its header (Image.open decodes nothing) and checked against the per-image
+    and per-request pixel budgets before any image is decoded."""
     from PIL import Image
 
-    out = []
-    for i, data in enumerate(images):
-        try:
-            with Image.open(io.BytesIO(data)) as img:
+    opened = []
+    total = 0
+    try:
+        for i, data in enumerate(images):
+            try:
+                img = Image.open(io.BytesIO(data))
+            except Exception as exc:
+                raise _undecodable(i, exc) from None
+            opened.append(img)
+            width, height = img.size
+            total += width * height
+            if width * height > max_image_pixels:
+                raise EngineError("invalid_request", f"image {i} is {width}x{height} pixels; this model accepts "
+                                  f"at most {max_image_pixels} pixels per image", "images")
+            if total > max_request_pixels:
+                raise EngineError("invalid_request", f"the images add up to more than {max_request_pixels} "
+                                  "pixels, this model's budget per request", "images")
+        out = []
+        for i, img in enumerate(opened):
+            try:
                 img.load()
                 out.append(img.convert("RGB"))
-        except Exception as exc:
-            raise EngineError("invalid_request", f"image {i} could not be decoded: {type(exc).__name__}",
-                              "images") from None
-    return out
+            except Exception as exc:
+                raise _undecodable(i, exc) from None
+        return out
+    finally:
+        for img in opened:
+            img.close()
+
+
+def _undecodable(index: int, exc: Exception) -> EngineError:
+    return EngineError("invalid_request", f"image {index} could not be decoded: {type(exc).__name__}", "images")
 
 
 def with_image_parts(messages: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
@@ -63,6 +94,7 @@ class VisionPrompter:
         self.processor = processor
         self.tokenizer = tokenizer
         self.embed = embed  # the language model's token embedding table (DecoderForward's)
+        self.max_image_pixels, self.max_request_pixels = MAX_IMAGE_PIXELS, MAX_REQUEST_PIXELS
         config = hf_model.config
         self.image_token_id = getattr(config, "image_token_id", None)
         if self.image_token_id is None:
@@ -77,7 +109,7 @@ class VisionPrompter:
         params: Any,
         images: list[bytes],
     ) -> tuple[list[int], torch.Tensor]:
-        pil_images = decode_images(images)
+        pil_images = decode_images(images, self.max_image_pixels, self.max_request_pixels)
         if messages is None:
             if prompt is None:
                 raise EngineError("invalid_request", "either a prompt or messages is required", "prompt")

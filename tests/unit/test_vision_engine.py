@@ -176,3 +176,31 @@ def test_text_model_rejects_images(real_engine):
     with pytest.raises(EngineError) as exc:
         real_engine.encode_inputs("What is this?", None, params(), [png((0, 0, 0))])
     assert exc.value.code == "unsupported_field" and exc.value.param == "images"
+
+
+def test_an_image_over_the_pixel_budget_is_refused_from_its_header(vlm):
+    """Issue 20 item 6: images just under Pillow's bomb limit took gigabytes; ours are checked before decoding."""
+    from engine.errors import EngineError
+
+    with pytest.raises(EngineError) as exc:
+        vlm.encode_inputs("What is this?", None, params(), [png((9, 9, 9), (4200, 4100))])
+    assert exc.value.code == "invalid_request" and exc.value.param == "images"
+    assert "4200x4100" in exc.value.message
+
+
+def test_images_over_the_request_budget_are_refused_before_any_is_decoded(vlm, monkeypatch):
+    from PIL import ImageFile
+
+    from engine.errors import EngineError
+
+    monkeypatch.setattr(vlm.vision, "max_request_pixels", 3 * 48 * 40 - 1, raising=False)
+    decoded = []
+    real_load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self) or real_load(self))
+    with pytest.raises(EngineError) as exc:
+        vlm.encode_inputs("What is this?", None, params(), [png((1, 1, 1)), png((2, 2, 2)), png((3, 3, 3))])
+    assert exc.value.code == "invalid_request" and exc.value.param == "images"
+    assert "per request" in exc.value.message
+    assert decoded == []
+    ids, _ = vlm.encode_inputs("What is this?", None, params(), [png((1, 1, 1)), png((2, 2, 2))])  # at the budget
+    assert ids
