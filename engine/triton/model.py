@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from engine.llm_engine import EngineConfig, LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.triton.cancel_probe import CancelProbe
+from engine.triton.intake import SlowLane
 from engine.triton.metrics import EngineMetrics
 from engine.triton.outbox import coalesce
 from engine.triton.reply import FLAG_INPUTS, Reply
@@ -93,6 +95,7 @@ class TritonPythonModel:
                 prefix_cache_tokens=int(p.get("prefix_cache_tokens", "8192")),
                 dtype=p.get("dtype", "auto"),  # auto: bf16 on GPU, fp32 on CPU; "bfloat16" where the CPU has it
                 reasoning=p.get("reasoning", "false").lower() == "true",
+                grammar_budget_s=float(p.get("grammar_compile_budget_s", "5")),
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
             )
@@ -104,6 +107,7 @@ class TritonPythonModel:
         self.sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
         self.sender.start()
         self.metrics = EngineMetrics(pb_utils, self.engine, config["name"])
+        self.slow_lane = SlowLane(limit=int(p.get("max_queue", "256")))
         self.engine.on_fatal = self._die
         self.engine.start()
 
@@ -114,7 +118,12 @@ class TritonPythonModel:
                 if self._is_tokenizer_request(request):
                     self._answer_tokenizer(request, reply)
                     continue
-                self.engine.submit(self._parse(request, reply))
+                build, slow = self._parse(request, reply)
+                if slow:  # a grammar to compile or images to decode: off this thread (engine/triton/intake.py)
+                    self.slow_lane.submit(lambda build=build: self.engine.submit(build()),
+                                          partial(self._fail, reply))
+                else:
+                    self.engine.submit(build())
             except EngineError as exc:
                 self.outbox.put((reply, RequestOutput("", 0, "", "error", final=True, error=exc)))
             except Exception as exc:  # never let one malformed request escape without a FINAL
@@ -156,7 +165,12 @@ class TritonPythonModel:
         reply.sender.send(pb_utils.InferenceResponse(output_tensors=tensors),
                           flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _parse(self, request, reply: Reply) -> EngineRequest:
+    def _fail(self, reply: Reply, error: EngineError) -> None:
+        self.outbox.put((reply, RequestOutput("", 0, "", "error", final=True, error=error)))
+
+    def _parse(self, request, reply: Reply) -> tuple[Callable[[], EngineRequest], bool]:
+        """Reads the request's tensors now; returns what builds its engine request (the prompt encoding and the
+        grammar compile), and whether that is slow work (a grammar or images)."""
         raw = _input_str(request, "sampling_parameters")
         try:
             params_dict = json.loads(raw) if raw else {}
@@ -170,18 +184,25 @@ class TritonPythonModel:
         images = _input_bytes_list(request, "images")
         text_input = _input_str(request, "text_input")
         reply.configure(_input_flags(request), text_input if messages is None else None)
-        prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images)
-        return EngineRequest(
-            request_id=request.request_id() or "",
-            prompt_ids=prompt_ids,
-            prompt_embeds=embeds,
-            params=params,
-            on_output=partial(self._enqueue, reply),
-            stream=_input_bool(request, "stream"),
-            is_cancelled=CancelProbe(request.is_cancelled),  # a server round trip: rate-limited
-            grammar=self.engine.grammar_factory(params),
-            prompt_param="messages" if messages is not None else "prompt",
-        )
+        request_id, stream = request.request_id() or "", _input_bool(request, "stream")
+        is_cancelled = CancelProbe(request.is_cancelled)  # a server round trip: rate-limited
+
+        def build() -> EngineRequest:
+            prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images)
+            return EngineRequest(
+                request_id=request_id,
+                prompt_ids=prompt_ids,
+                prompt_embeds=embeds,
+                params=params,
+                on_output=partial(self._enqueue, reply),
+                stream=stream,
+                is_cancelled=is_cancelled,
+                grammar=self.engine.grammar_factory(params),
+                prompt_param="messages" if messages is not None else "prompt",
+            )
+
+        forced_tool = bool(params.tools) and params.tool_choice not in (None, "auto", "none")
+        return build, bool(images) or params.grammar is not None or forced_tool
 
     def _enqueue(self, reply: Reply, out: RequestOutput) -> None:
         self.outbox.put((reply, out))
@@ -248,6 +269,7 @@ class TritonPythonModel:
         threading.Timer(1.0, os._exit, args=(1,)).start()
 
     def finalize(self) -> None:
+        self.slow_lane.shutdown()
         self.engine.stop()
         self.metrics.stop()
         self.outbox.put(None)
