@@ -171,6 +171,11 @@ class LLMEngine:
         if not self.healthy:  # the loop died between the check above and the put: nobody will drain it
             self._fail_incoming()
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet running: in the intake queue or waiting for a slot / KV room."""
+        return self._pending + self.scheduler.queue_depth
+
     def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> queue.Queue[RequestOutput]:
         """Convenience for tests and benchmarks: submit and get a queue of outputs."""

@@ -129,7 +129,10 @@ class OutputStage:
                 fields.update(self.postprocess(seq))
             self._emit_delta(seq, final=not remaining and i == len(closing) - 1, **fields)
         if not remaining:
-            self.stats.finished += 1
+            # one request, one reason (vLLM's request_success): the last candidate's, as for n = 1
+            reason = closing[-1].finish_reason if closing else None
+            self.stats.finish(reason or "stop")
+            self.stats.observe("e2e_request_latency", time.monotonic() - group.request.arrival)
             self.on_group_done(group)
 
     def _timing(self, group: SequenceGroup, seq: Sequence) -> dict[str, float]:
@@ -139,6 +142,4 @@ class OutputStage:
         ttft = (group.first_token_at - group.request.arrival) * 1000
         steps = len(seq.output_ids) - 1
         tpot = (now - group.first_token_at) * 1000 / steps if steps > 0 else 0.0
-        if steps > 0:
-            self.stats.tpot_last = tpot / 1000
         return {"ttft_ms": ttft, "tpot_ms": tpot}

@@ -49,7 +49,7 @@ class Scheduler:
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
         self.prefilling: SequenceGroup | None = None
         self.decoding: list[Sequence] = []
-        self.stats = EngineStats()
+        self.stats = EngineStats(kv_budget=self.kv_budget)
         self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, self._release)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
         self.prefix_cache = PrefixCache(forward.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
@@ -116,6 +116,12 @@ class Scheduler:
     def _admit(self, group: SequenceGroup) -> None:
         self.reserved += group.kv_need
         group.admitted = True
+        if group.admitted_at is None:  # once: a single short prompt is admitted again on the chunked path
+            group.admitted_at = time.monotonic()
+            self.stats.observe("request_queue_time", group.admitted_at - group.request.arrival)
+            self.stats.prompt_tokens += len(group.request.prompt_ids)
+            if self.prefix_cache is not None:
+                self.stats.prefix_queries += len(group.request.prompt_ids)
 
     def _release(self, group: SequenceGroup) -> None:
         if group.admitted:
@@ -136,8 +142,8 @@ class Scheduler:
         self._prefill()
         if self.decoding:
             self._decode()
-        self.stats.running = len(self.decoding)
-        self.stats.kv_tokens = sum(s.kv_len for s in self.decoding)
+        self.stats.running = len({id(s.group) for s in self.decoding}) + (self.prefilling is not None)
+        self.stats.kv_reserved = self.reserved
         if not self.has_work():
             self.forward.cache.release_all()  # idle: whatever a failed prefill or fork left, give it back
 
@@ -164,6 +170,7 @@ class Scheduler:
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
+            self.stats.finish(reason)
             group.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error))
 
     def _fail(self, failures: dict[int, tuple[SequenceGroup, EngineError]]) -> None:
@@ -315,6 +322,7 @@ class Scheduler:
         parent.slot = len(self.decoding)
         rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group))
         group.prefilled = parent.kv_len = group.cached_tokens = self.prefix_cache.load(rows, parent.slot)
+        self.stats.prefix_hits += group.cached_tokens
 
     def _cache_prompt(self, group: SequenceGroup) -> None:
         if self.prefix_cache is not None:
@@ -337,7 +345,8 @@ class Scheduler:
             group.sequences.append(child)
         self.decoding.extend(group.sequences)
         group.first_token_at = time.monotonic()
-        self.stats.observe_ttft(group.first_token_at - group.request.arrival)
+        self.stats.observe("time_to_first_token", group.first_token_at - group.request.arrival)
+        self.stats.observe("request_prefill_time", group.first_token_at - (group.admitted_at or group.request.arrival))
         return list(group.sequences)
 
     # -- decode --------------------------------------------------------------------------------
@@ -398,7 +407,12 @@ class Scheduler:
             return
         for i, error in out.row_errors.items():
             failures.setdefault(id(rows[i].group), (rows[i].group, request_error(error, "sampling")))
-        self.stats.generated_tokens += len(rows)
+        self.stats.generation_tokens += len(rows)
+        now = time.monotonic()
+        for seq in rows:
+            if seq.last_token_at is not None:
+                self.stats.observe("inter_token_latency", now - seq.last_token_at)
+            seq.last_token_at = now
         for i, seq in enumerate(rows):
             if id(seq.group) in failures:
                 continue

@@ -28,6 +28,7 @@ class Sequence:
         self.detok = IncrementalDetokenizer(tokenizer, self.params.stop, self.prompt_ids[-DETOK_CONTEXT:])
         self.slot = -1
         self.kv_len = 0  # positions whose K/V are in the cache
+        self.last_token_at: float | None = None  # when its latest token was sampled (inter-token latency)
         self.cum_logprob = 0.0
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
@@ -71,6 +72,7 @@ class SequenceGroup:
         self.sequences: list[Sequence] = []
         self.prefilled = 0  # prompt tokens already in the cache
         self.first_token_at: float | None = None
+        self.admitted_at: float | None = None  # first admission into the running batch (queue time)
         self.sent_final = False
         self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once

@@ -1,21 +1,60 @@
-"""Counters and gauges the engine keeps; the Triton glue exports them as custom metrics."""
+"""What the engine measures for its metrics (torch-free): gauges set each step, monotonic counters, and
+per-request timings that the Triton glue drains into histograms (engine/triton/metrics.py).
+
+Written by the engine thread, read by the metrics thread: plain ints, a dict replaced only by whole-value
+updates, and deques (thread-safe append / popleft) that keep at most `MAX_PENDING` timings each when nobody
+drains them (the engine run in process, without Triton).
+"""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
+
+# histogram name -> what it times (seconds); vLLM's names for the same things
+TIMINGS = (
+    "time_to_first_token",  # arrival in the engine -> first sampled token
+    "inter_token_latency",  # between consecutive tokens of one candidate
+    "e2e_request_latency",  # arrival -> the request's end
+    "request_queue_time",  # arrival -> admission to the running batch
+    "request_prefill_time",  # admission -> first token
+)
+FINISH_REASONS = ("stop", "length", "error", "cancelled")
+MAX_PENDING = 65536
+
+
+def _timings() -> dict[str, collections.deque[float]]:
+    return {name: collections.deque(maxlen=MAX_PENDING) for name in TIMINGS}
 
 
 @dataclass
 class EngineStats:
-    running: int = 0
-    kv_tokens: int = 0
-    generated_tokens: int = 0
-    finished: int = 0
+    running: int = 0  # requests in the running batch (prefilling or decoding)
+    kv_reserved: int = 0  # KV positions reserved by running requests (admission control)
+    kv_budget: int = 1
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
     cancelled: int = 0
-    ttfts: list[float] = field(default_factory=list)
-    tpot_last: float | None = None  # seconds per output token of the latest finished candidate
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # of those, tokens found there
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    timings: dict[str, collections.deque[float]] = field(default_factory=_timings)
 
-    def observe_ttft(self, seconds: float) -> None:
-        self.ttfts.append(seconds)
-        if len(self.ttfts) > 1024:
-            del self.ttfts[:512]
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_reserved / self.kv_budget if self.kv_budget else 0.0
+
+    def observe(self, timing: str, seconds: float) -> None:
+        self.timings[timing].append(max(seconds, 0.0))
+
+    def finish(self, reason: str) -> None:
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def drain(self, timing: str) -> list[float]:
+        """The timings observed since the last drain, oldest first."""
+        queue, out = self.timings[timing], []
+        while True:
+            try:
+                out.append(queue.popleft())
+            except IndexError:
+                return out

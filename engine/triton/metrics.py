@@ -1,57 +1,133 @@
-"""Engine gauges and counters exported through Triton's custom-metrics API (on Triton's /metrics)."""
+"""The engine's metrics on Triton's /metrics, through the Python backend's custom-metrics API (docs/metrics.md).
+
+A thread reads the engine's stats every `period_s`: it sets the gauges, adds the counters' growth and observes the
+timings queued since its last read into histograms. The engine thread only appends to its stats: each custom-metric
+call is an IPC to the Triton process (about 60 us), paid here.
+
+Every Metric and MetricFamily is released in `stop()` (the model's finalize), while the backend's shared memory is
+still there: one left to the interpreter's final garbage collection (the model object sits in a reference cycle
+with its engine) crashed the stub in `MetricFamily::~MetricFamily` at every shutdown.
+"""
 
 from __future__ import annotations
 
+import logging
+import random
 import threading
 from typing import Any
+
+from engine.core.stats import FINISH_REASONS, EngineStats
+
+log = logging.getLogger(__name__)
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards and SLOs carry over
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0]
+REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0]
+
+HISTOGRAMS = {  # EngineStats timing -> (buckets, description)
+    "time_to_first_token": (TTFT_BUCKETS, "Arrival in the engine to the first sampled token, seconds"),
+    "inter_token_latency": (ITL_BUCKETS, "Between consecutive output tokens of a candidate, seconds"),
+    "e2e_request_latency": (REQUEST_BUCKETS, "Arrival in the engine to the request's end, seconds"),
+    "request_queue_time": (REQUEST_BUCKETS, "Arrival to admission into the running batch, seconds"),
+    "request_prefill_time": (REQUEST_BUCKETS, "Admission to the first token (prompt prefill), seconds"),
+}
+COUNTERS = {  # metric -> (EngineStats attribute, description)
+    "sie_engine_prompt_tokens_total": ("prompt_tokens", "Prompt tokens of admitted requests"),
+    "sie_engine_generation_tokens_total": ("generation_tokens", "Tokens sampled"),
+    "sie_engine_request_cancelled_total": ("cancelled", "Requests cancelled by their client"),
+    "sie_engine_prefix_cache_queries_total": ("prefix_queries", "Prompt tokens looked up in the prefix cache"),
+    "sie_engine_prefix_cache_hits_total": ("prefix_hits", "Prompt tokens found in the prefix cache"),
+}
+FINISHED = "sie_engine_request_success_total"
+# observations per histogram per period past which a uniform sample is observed (inter-token latency on a fast
+# device): the percentiles stay right, each observation costs an IPC
+MAX_OBSERVED_PER_PERIOD = 1000
 
 
 class EngineMetrics:
     def __init__(self, pb_utils, engine, model_name: str, period_s: float = 0.5) -> None:
         self.engine = engine
+        self._kinds = pb_utils.MetricFamily
+        self._labels = {"model": model_name}
+        self._families: dict[str, Any] = {}
+        self._metrics: list[Any] = []  # every Metric, released before the families
+        gauge = self._kinds.GAUGE
+        self._gauges = {
+            "waiting": self._metric(gauge, "sie_engine_num_requests_waiting",
+                                    "Requests waiting in the engine for a slot or KV room"),
+            "running": self._metric(gauge, "sie_engine_num_requests_running", "Requests in the running batch"),
+            "kv": self._metric(gauge, "sie_engine_kv_cache_usage_perc",
+                               "KV positions reserved by running requests over the KV budget (0..1)"),
+        }
+        self._counters = {attr: self._metric(self._kinds.COUNTER, name, doc) for name, (attr, doc) in COUNTERS.items()}
+        self._finished = {reason: self._finished_metric(reason) for reason in FINISH_REASONS}
+        self._histograms = {
+            timing: self._metric(self._kinds.HISTOGRAM, f"sie_engine_{timing}_seconds", doc, buckets=buckets)
+            for timing, (buckets, doc) in HISTOGRAMS.items()
+        }
+        self._counted: dict[str, int] = {}
         self._stop = threading.Event()
-        labels = {"model": model_name}
-        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
-
-        self._families: list[Any] = []  # a family must outlive its metrics
-
-        def metric(name: str, doc: str, kind):
-            family = pb_utils.MetricFamily(name=name, description=doc, kind=kind)
-            self._families.append(family)
-            return family.Metric(labels=labels)
-
-        self.queue_depth = metric("sie_engine_queue_depth", "Requests waiting for a slot", gauge)
-        self.running = metric("sie_engine_running_sequences", "Sequences in the running batch", gauge)
-        self.kv_tokens = metric("sie_engine_kv_tokens", "Token positions held in the KV cache", gauge)
-        self.generated = metric("sie_engine_generated_tokens_total", "Tokens generated", counter)
-        self.cancelled = metric("sie_engine_cancelled_total", "Requests cancelled", counter)
-        self.ttft = metric("sie_engine_ttft_seconds_last", "Time to first token of the latest request", gauge)
-        self.tpot = metric("sie_engine_tpot_seconds_last", "Time per output token of the latest finished choice",
-                           gauge)
-        self._sent = {"generated": 0, "cancelled": 0}
         self._thread = threading.Thread(target=self._run, args=(period_s,), name="engine-metrics", daemon=True)
         self._thread.start()
 
+    def _metric(self, kind, name: str, doc: str, buckets: list[float] | None = None, **labels: str):
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = self._kinds(name=name, description=doc, kind=kind)
+        extra = {"buckets": buckets} if buckets is not None else {}
+        metric = family.Metric(labels={**self._labels, **labels}, **extra)
+        self._metrics.append(metric)
+        return metric
+
+    def _finished_metric(self, reason: str):
+        return self._metric(self._kinds.COUNTER, FINISHED, "Finished requests by finish reason",
+                            finished_reason=reason)
+
     def _run(self, period_s: float) -> None:
+        failures = 0
         while not self._stop.wait(period_s):
             try:
-                self._update()
-            except Exception:  # metrics must never take the model down (e.g. during unload)
-                return
+                self.update()
+            except Exception:  # metrics must never take the model down
+                failures += 1
+                if failures == 1:
+                    log.exception("exporting engine metrics failed")
 
-    def _update(self) -> None:
-        stats = self.engine.scheduler.stats
-        self.queue_depth.set(self.engine.scheduler.queue_depth)
-        self.running.set(stats.running)
-        self.kv_tokens.set(stats.kv_tokens)
-        for name, value, metric in (("generated", stats.generated_tokens, self.generated),
-                                    ("cancelled", stats.cancelled, self.cancelled)):
-            metric.increment(value - self._sent[name])
-            self._sent[name] = value
-        if stats.ttfts:
-            self.ttft.set(stats.ttfts[-1])
-        if stats.tpot_last is not None:
-            self.tpot.set(stats.tpot_last)
+    def update(self) -> None:
+        stats: EngineStats = self.engine.scheduler.stats
+        self._gauges["waiting"].set(self.engine.num_waiting)
+        self._gauges["running"].set(stats.running)
+        self._gauges["kv"].set(stats.kv_usage)
+        for attr, metric in self._counters.items():
+            self._add(attr, metric, getattr(stats, attr))
+        for reason, value in dict(stats.finished).items():  # a copy: the engine thread may add a reason
+            if reason not in self._finished:
+                self._finished[reason] = self._finished_metric(reason)
+            self._add(f"finished:{reason}", self._finished[reason], value)
+        for timing, histogram in self._histograms.items():
+            values = stats.drain(timing)
+            if len(values) > MAX_OBSERVED_PER_PERIOD:
+                values = random.sample(values, MAX_OBSERVED_PER_PERIOD)
+            for seconds in values:
+                histogram.observe(seconds)
+
+    def _add(self, key: str, metric, value: int) -> None:
+        grown = value - self._counted.get(key, 0)
+        if grown > 0:
+            metric.increment(grown)
+            self._counted[key] = value
 
     def stop(self) -> None:
+        """Stop exporting and release every metric now, while the backend can still delete them."""
         self._stop.set()
+        self._thread.join(timeout=5)
+        self._gauges.clear()
+        self._counters.clear()
+        self._finished.clear()
+        self._histograms.clear()
+        self._metrics.clear()  # the metrics go first: a family must outlive its metrics
+        self._families.clear()

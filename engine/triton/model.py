@@ -7,6 +7,7 @@ the FINAL flag, errors and cancellations included. See docs/triton-contract.md.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -273,3 +274,9 @@ class TritonPythonModel:
         self.engine.stop()
         self.metrics.stop()
         self.outbox.put(None)
+        self.sender.join(timeout=5)
+        # Backend objects (custom metrics, requests: a finished request's `is_cancelled` probe sits in the
+        # engine's sequence <-> group reference cycles) must be freed now, while the stub's shared memory
+        # exists: left to the interpreter's final collection, each one segfaulted the stub at every shutdown.
+        self.engine.on_fatal = None  # the model <-> engine cycle
+        gc.collect()

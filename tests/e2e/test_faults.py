@@ -156,7 +156,7 @@ def test_the_access_log_never_carries_a_query_string(stub):
 
 
 def test_client_disconnect_cancels_the_engine_request(stack):
-    before = stack.triton_metric("sie_engine_cancelled_total")
+    before = stack.triton_metric("sie_engine_request_cancelled_total")
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", timeout=60, json={
             "model": MODEL, "max_tokens": 1500, "stream": True, "temperature": 0.7,
             "messages": [{"role": "user", "content": "Tell me a very long story."}]}) as r:
@@ -164,9 +164,9 @@ def test_client_disconnect_cancels_the_engine_request(stack):
             if i > 5:
                 break  # leave mid-stream: closing the response drops the connection
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and stack.triton_metric("sie_engine_cancelled_total") <= before:
+    while time.monotonic() < deadline and stack.triton_metric("sie_engine_request_cancelled_total") <= before:
         time.sleep(0.25)
-    assert stack.triton_metric("sie_engine_cancelled_total") == before + 1
-    while time.monotonic() < deadline and stack.triton_metric("sie_engine_running_sequences") > 0:
+    assert stack.triton_metric("sie_engine_request_cancelled_total") == before + 1
+    while time.monotonic() < deadline and stack.triton_metric("sie_engine_num_requests_running") > 0:
         time.sleep(0.25)
-    assert stack.triton_metric("sie_engine_running_sequences") == 0
+    assert stack.triton_metric("sie_engine_num_requests_running") == 0
