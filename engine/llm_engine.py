@@ -13,6 +13,7 @@ import torch
 
 from engine.core.postprocess import OutputPostprocessor
 from engine.core.scheduler import Scheduler
+from engine.core.stats import EngineStats
 from engine.errors import EngineError, QueueFull, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
@@ -170,6 +171,11 @@ class LLMEngine:
         self._wake.set()
         if not self.healthy:  # the loop died between the check above and the put: nobody will drain it
             self._fail_incoming()
+
+    @property
+    def stats(self) -> EngineStats:
+        """What the engine measures (engine/core/stats.py), for its metrics."""
+        return self.scheduler.stats
 
     @property
     def num_waiting(self) -> int:

@@ -16,8 +16,6 @@ import random
 import threading
 from typing import Any
 
-from engine.core.stats import FINISH_REASONS, EngineStats
-
 log = logging.getLogger(__name__)
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards and SLOs carry over
@@ -64,7 +62,8 @@ class EngineMetrics:
                                "KV positions reserved by running requests over the KV budget (0..1)"),
         }
         self._counters = {attr: self._metric(self._kinds.COUNTER, name, doc) for name, (attr, doc) in COUNTERS.items()}
-        self._finished = {reason: self._finished_metric(reason) for reason in FINISH_REASONS}
+        # one series per reason from the start (stop, length, error, cancelled): a rate needs its zero
+        self._finished = {reason: self._finished_metric(reason) for reason in engine.stats.finished}
         self._histograms = {
             timing: self._metric(self._kinds.HISTOGRAM, f"sie_engine_{timing}_seconds", doc, buckets=buckets)
             for timing, (buckets, doc) in HISTOGRAMS.items()
@@ -98,7 +97,7 @@ class EngineMetrics:
                     log.exception("exporting engine metrics failed")
 
     def update(self) -> None:
-        stats: EngineStats = self.engine.scheduler.stats
+        stats = self.engine.stats
         self._gauges["waiting"].set(self.engine.num_waiting)
         self._gauges["running"].set(stats.running)
         self._gauges["kv"].set(stats.kv_usage)
