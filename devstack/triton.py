@@ -54,6 +54,9 @@ def backend_directory(build_dir: Path) -> Path:
 
 
 TRITON_KEEPALIVE_ARGS = ("--grpc-http2-min-recv-ping-interval-without-data=10000", "--grpc-http2-max-ping-strikes=0")
+# Every model loaded at start, and the repository API open: the gateway reloads a model whose process died
+# (unload + load, gateway/supervisor.py). Triton's default mode ("none") refuses both calls.
+TRITON_MODEL_CONTROL_ARGS = ("--model-control-mode=explicit", "--load-model=*")
 
 
 def triton_command(repo: Path, ports: TritonPorts, build_dir: Path, extra: list[str] | None = None) -> list[str]:
@@ -68,6 +71,7 @@ def triton_command(repo: Path, ports: TritonPorts, build_dir: Path, extra: list[
         # the gateway pings every 30 s (dead-peer detection); Triton's default answers pings sent more often than
         # every 5 min without data (a long blocking generation) with GOAWAY too_many_pings, killing every stream
         *TRITON_KEEPALIVE_ARGS,
+        *TRITON_MODEL_CONTROL_ARGS,
     ] + (extra or [])
     if system:
         return [system, *args]

@@ -166,6 +166,13 @@ class MachineProfileNotConfigured(GatewayError):
     code = "GPU_NOT_CONFIGURED"
 
 
+class ModelProcessDied(Unavailable):
+    """A model instance's process died (killed, out of memory, the engine's fatal path): its requests are ended
+    with this, and new ones get 503 MODEL_LOADING while the gateway reloads the model (gateway/supervisor.py)."""
+
+    code = "MODEL_LOADING"
+
+
 class PoolCapacityUnavailable(Unavailable):
     """A pool that is configured with no endpoints at all (capped at zero workers)."""
 

@@ -12,6 +12,7 @@ from gateway.discovery import DnsSource, Resolver, resolve_dns
 from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
 from gateway.profile import ModelProfile, canonical_id
 from gateway.settings import EndpointConfig, PoolConfig, Settings
+from gateway.supervisor import ModelSupervisor
 from gateway.triton.client import TritonClient
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ class Endpoint:
     healthy: bool = False
     models: dict[str, ModelProfile] = field(default_factory=dict)  # canonical id -> profile
     not_ready: set[str] = field(default_factory=set)  # Triton names still loading / unavailable
+    # Triton name -> profile of a model whose process died: out of service until the supervisor restores it
+    withdrawn: dict[str, ModelProfile] = field(default_factory=dict)
     outstanding: int = 0
     discovered: bool = False  # came from the pool's DNS source (dropped when its address goes)
 
@@ -49,6 +52,8 @@ class ModelRegistry:
         self.refreshed_at = 0.0
         self._refresh_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._probe_task: asyncio.Task | None = None
+        self.supervisor = ModelSupervisor(self)
 
     async def refresh(self) -> None:
         await self._rediscover()
@@ -79,7 +84,9 @@ class ModelRegistry:
             return
         models, not_ready = {}, set()
         for name, state, params in listed:
-            if state == "READY":
+            if state == "READY" and name in endpoint.withdrawn:
+                not_ready.add(name)  # Triton still says READY about a dead process (until it is reloaded)
+            elif state == "READY":
                 profile = ModelProfile.from_triton_config(name, params)
                 models[profile.name] = profile
             else:
@@ -121,14 +128,33 @@ class ModelRegistry:
     def mark_unhealthy(self, endpoint: Endpoint) -> None:
         endpoint.healthy = False
 
+    def withdraw(self, endpoint: Endpoint, triton_model: str) -> None:
+        """Out of routing, `/v1/models` and `/readyz` now: the model's process on this endpoint is dead."""
+        for name, profile in list(endpoint.models.items()):
+            if profile.triton_model == triton_model:
+                endpoint.withdrawn[triton_model] = profile
+                del endpoint.models[name]
+        endpoint.withdrawn.setdefault(triton_model, ModelProfile(triton_model, triton_model))
+        endpoint.not_ready.add(triton_model)
+
+    def restore(self, endpoint: Endpoint, triton_model: str) -> None:
+        """Back in service at the next refresh: the model was reloaded."""
+        endpoint.withdrawn.pop(triton_model, None)
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
+        if self._probe_task is None and self.settings.model_probe_s > 0:
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            self._probe_task = None
+        await self.supervisor.stop()
         for endpoint in self.endpoints + self._retired:
             await endpoint.client.close()
 
@@ -140,6 +166,14 @@ class ModelRegistry:
             except Exception:
                 log.exception("model refresh failed")
             await asyncio.sleep(period)
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.model_probe_s)
+            try:
+                await self.supervisor.probe_all()
+            except Exception:
+                log.exception("model liveness probe failed")
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -177,6 +211,9 @@ class ModelRegistry:
         # with and without the org (`org/Name-1.5B` ~ `name_1_5b`)
         loose = {_loose(w) for w in wanted} | {_loose(w.rpartition("/")[2]) for w in wanted}
         for endpoint in self.endpoints:
+            if endpoint.healthy and any(p.name in wanted or p.sie_id == model for p in endpoint.withdrawn.values()):
+                raise Unavailable(f"model {quoted(requested)} is being reloaded (its process died)",
+                                  code="MODEL_LOADING", retry_after=5)
             if endpoint.healthy and any(_loose(n) in loose for n in endpoint.not_ready):
                 raise Unavailable(f"model {quoted(requested)} is loading", code="MODEL_LOADING", retry_after=5)
         raise ModelNotFound(f"Model {quoted(requested)} not found", param="model")

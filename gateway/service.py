@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from gateway.contracts.profile_checks import check_against_profile
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
 from gateway.drain import DeadlineWait, Drain, ShuttingDown
-from gateway.errors import GatewayError, InvalidRequest, MalformedWorkerResponse, UpstreamTimeout, quoted, worker_error
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    MalformedWorkerResponse,
+    ModelProcessDied,
+    UpstreamTimeout,
+    quoted,
+    worker_error,
+)
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
 from gateway.registry import Endpoint, ModelRegistry
@@ -199,6 +207,14 @@ class GenerationService:
                 # within one outage the code and Retry-After do not change from one request to the next
                 last_error = self.registry.provisioning(f"no Triton endpoint serving '{profile.name}' is reachable "
                                                         f"({exc.message}); provisioning in progress, retry shortly")
+                continue
+            except ModelProcessDied as exc:
+                # the model's process on this endpoint is dead: out of service, reloaded; another may serve it
+                endpoint.outstanding -= 1
+                self.registry.supervisor.model_died(endpoint, profile.triton_model,
+                                                    "a request was answered 'Stub process is not healthy'")
+                UPSTREAM_ERRORS.labels(code=exc.code).inc()
+                last_error = exc
                 continue
             except TimeoutError:
                 endpoint.outstanding -= 1

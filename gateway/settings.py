@@ -49,6 +49,8 @@ class Settings:
     stream_buffer_events: int = 64  # events queued per stream before deltas are coalesced (slow readers)
     keepalive_interval_s: float = 15.0
     model_refresh_s: float = 5.0
+    model_probe_s: float = 2.0  # liveness probe of every ready model (gateway/supervisor.py); 0 turns it off
+    model_reload: bool = True  # reload a model whose process died (needs tritonserver --model-control-mode=explicit)
     server_version: str = VERSION
     log_level: str = "INFO"
     # Stored Responses (gateway/responses_store.py): a SQLite file shared by the workers, or None (off)
@@ -78,6 +80,8 @@ class Settings:
             provisioning_retry_after_s=float(env.get("SIE_GATEWAY_PROVISIONING_RETRY_AFTER_S", "60")),
             keepalive_interval_s=float(env.get("SIE_GATEWAY_SSE_KEEPALIVE_S", "15")),
             model_refresh_s=float(env.get("SIE_GATEWAY_MODEL_REFRESH_S", "5")),
+            model_probe_s=float(env.get("SIE_GATEWAY_MODEL_PROBE_S", "2")),
+            model_reload=env.get("SIE_GATEWAY_MODEL_RELOAD", "1").lower() not in ("0", "false", "no", "off"),
             log_level=env.get("GATEWAY_LOG_LEVEL", "INFO").upper(),
             responses_store=env.get("SIE_RESPONSES_STORE", DEFAULT_RESPONSES_STORE),
             responses_store_max_rows=int(env.get("SIE_RESPONSES_STORE_MAX_ROWS", "10000")),

@@ -264,9 +264,10 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def _die(self) -> None:
-        """A dead engine must make the model not ready: let the error responses go out, then end this
-        stub process; Triton then reports the instance unhealthy and the gateway stops routing to it."""
-        log.error("engine loop died; exiting the model process so Triton marks the model not ready")
+        """A dead engine ends this stub process once its error responses are out. Triton keeps the model
+        READY even so (server #7862): the gateway's supervision finds the dead process within seconds, as
+        for a kill -9 or an OOM kill, and reloads the model (gateway/supervisor.py)."""
+        log.error("engine loop died; exiting the model process (the gateway reloads the model)")
         threading.Timer(1.0, os._exit, args=(1,)).start()
 
     def finalize(self) -> None:

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
-from gateway.errors import MalformedWorkerResponse, Unavailable, worker_error
+from gateway.errors import GatewayError, MalformedWorkerResponse, ModelProcessDied, Unavailable, worker_error
 from gateway.triton.codec import (
     MalformedResponse,
     decode_response,
@@ -46,6 +48,19 @@ _END_CALL_TIMEOUT_S = 5.0
 # Triton's own refusals of a request no model instance has seen: a server that is shutting down (its models
 # unloading: "Request for unknown model: 'x' has no available versions"), or a model not loaded here.
 _NOT_SERVED_HERE = ("Request for unknown model", "Server not ready", "is not at ready state")
+# The Python backend's answer, after about 1 s, to a request for an instance whose stub process is gone. Triton
+# itself never restarts that process and keeps the model READY (triton-inference-server/server #7862, #8604).
+_STUB_DEAD = re.compile(r"Stub process '([^']*)' is not healthy")
+# A model load can take minutes (weights, warm-up); unload returns at once.
+_LOAD_TIMEOUT_S = 900.0
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """One open call, so that `abort` can end it with an error of our choosing."""
+
+    call: grpc.aio.StreamStreamCall
+    error: GatewayError | None = field(default=None)
 
 
 class UpstreamUnavailable(Unavailable):
@@ -59,6 +74,7 @@ class TritonClient:
         self.url = url
         self._channel: grpc.aio.Channel | None = None
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._in_flight: dict[str, set[_InFlight]] = {}  # Triton model -> its open calls
 
     @property
     def stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
@@ -111,12 +127,18 @@ class TritonClient:
             await finished.wait()
 
         call = self.stub.ModelStreamInfer(requests())
+        entry = _InFlight(call)
+        calls = self._in_flight.setdefault(request.model_name, set())
+        calls.add(entry)
         request_done = False  # Triton sent the request's last response: end the call, do not cancel it
         answered = False
         try:
             async for response in call:
                 if response.error_message:
                     request_done = True  # the engine's errors end the request
+                    if dead := _STUB_DEAD.search(response.error_message):
+                        raise ModelProcessDied(f"the model process of '{request.model_name}' ({dead.group(1)}) "
+                                               "is dead; the model is being reloaded, retry shortly")
                     if not answered and any(s in response.error_message for s in _NOT_SERVED_HERE):
                         # nothing ran: another endpoint can take it (a draining Triton keeps its connections)
                         raise UpstreamUnavailable(f"Triton did not take the request: {response.error_message[:120]}")
@@ -128,11 +150,58 @@ class TritonClient:
                 if request_done:
                     return
             raise UpstreamUnavailable("the model stream ended before the request finished")
-        except grpc.aio.AioRpcError as exc:
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            if entry.error is not None:  # ended by `abort`: its reason, not the cancellation it caused
+                raise entry.error from None
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             raise _rpc_error(exc) from None
         finally:
+            calls.discard(entry)
             finished.set()  # half-close: Triton ends the call once the request is done
             await _end_call(call, request_done)
+
+    def abort(self, triton_model: str, error: GatewayError) -> int:
+        """End every open call of `triton_model` with `error` (its process died: Triton would leave them
+        silent for good). Returns how many were open."""
+        calls = list(self._in_flight.get(triton_model, ()))
+        for entry in calls:
+            entry.error = error
+            entry.call.cancel()
+        return len(calls)
+
+    async def probe(self, triton_model: str, timeout: float = 5.0) -> bool | None:
+        """Whether the model's process is alive: False when the backend says it is dead, None when unknown
+        (no answer in time, Triton unreachable).
+
+        The probe is a request with no inputs: every model of ours refuses it at once ("a prompt or messages
+        is required") without running anything, and a dead instance is answered by the backend itself."""
+        request = service_pb2.ModelInferRequest(model_name=triton_model, id="sie-liveness-probe")
+        try:
+            async with asyncio.timeout(timeout), contextlib.aclosing(self._responses(request)) as responses:
+                async for _ in responses:
+                    break  # any answer from the instance: it is alive
+        except ModelProcessDied:
+            return False
+        except (TimeoutError, UpstreamUnavailable):
+            return None
+        except GatewayError:
+            return True  # the model's own refusal: it is alive
+        return True
+
+    async def model_state(self, triton_model: str, timeout: float = 5.0) -> str | None:
+        """The model's state in Triton's repository index (READY, LOADING, UNLOADING, UNAVAILABLE), or None."""
+        index = await self.stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=timeout)
+        return next((m.state for m in index.models if m.name == triton_model), None)
+
+    async def reload(self, triton_model: str) -> None:
+        """Unload then load the model through Triton's repository API (tritonserver runs with
+        --model-control-mode=explicit). A plain load of a loaded model whose files did not change is a
+        no-op, so the unload is what replaces the dead instance. Raises grpc.aio.AioRpcError on failure."""
+        await self.stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name=triton_model),
+                                              timeout=30)
+        await self.stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name=triton_model),
+                                            timeout=_LOAD_TIMEOUT_S)
 
     async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
         """(name, state, parameters) for every model in the repository index."""

@@ -28,6 +28,7 @@ class Stack:
     base_url: str
     triton: TritonPorts
     log_dir: Path
+    triton_pid: int = 0
 
     def triton_metric(self, name: str) -> float:
         body = urllib.request.urlopen(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5).read().decode()
@@ -45,7 +46,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     try:
         env = {"SIE_AUTH_MODE": "none", "SIE_RESPONSES_STORE": str(log_dir / "responses.sqlite3")}
         with local_stack(REPO_ROOT / "model_repository", log_dir, extra_env=env) as running:
-            yield Stack(running.base_url, running.triton_ports, log_dir)
+            yield Stack(running.base_url, running.triton_ports, log_dir, running.triton.pid)
     finally:
         if os.environ.get("CI"):
             for name in ("triton.log", "gateway.log"):

@@ -91,6 +91,8 @@ class FakeTriton:
         self.script: Script = tokens("Hello", " world")
         self.down = False  # list_models fails like an unreachable Triton
         self.listed = 0  # list_models calls
+        self.dead: set[str] = set()  # Triton models whose process is dead (probe answers False)
+        self.reloads: list[str] = []
         self.calls: list[Call] = []
         self.tokenizer_calls: list[TokenizerTask] = []
         self.closed = False
@@ -103,6 +105,20 @@ class FakeTriton:
 
     async def close(self) -> None:
         self.closed = True
+
+    # supervision (gateway/supervisor.py): a fake model process never dies unless a test says so
+    async def probe(self, triton_model: str, timeout: float = 5.0) -> bool | None:
+        return triton_model not in self.dead
+
+    def abort(self, triton_model: str, error: Exception) -> int:
+        return 0
+
+    async def model_state(self, triton_model: str, timeout: float = 5.0) -> str | None:
+        return next((state for name, state, _ in self.models if name == triton_model), None)
+
+    async def reload(self, triton_model: str) -> None:
+        self.reloads.append(triton_model)
+        self.dead.discard(triton_model)
 
     async def tokenize(self, triton_model: str, task: TokenizerTask, request_id: str) -> TokenizerResult:
         """A whitespace tokenizer: word i has id i; ids detokenize to `t<id>` words."""

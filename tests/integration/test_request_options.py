@@ -107,7 +107,8 @@ async def test_configured_but_empty_pool_is_pool_capacity_unavailable(make_gatew
 async def test_a_call_that_breaks_in_flight_stays_transport_failure(gw):
     from gateway.triton.client import UpstreamUnavailable
 
-    gw.fake().script = [UpstreamUnavailable("Triton is unavailable (unavailable)")]
+    # after its first event; one refused before any output is the outage's 503 PROVISIONING (test_errors.py)
+    gw.fake().script = [ev("a"), UpstreamUnavailable("Triton is unavailable (unavailable)")]
     assert_error(await gw.generate(), 503, "transport_failure", None)
 
 

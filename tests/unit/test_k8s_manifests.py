@@ -103,7 +103,8 @@ def test_triton_readiness_headless_service_and_queue_autoscaling(rendered, overl
     objects = rendered[overlay]
     container = _container(objects, "sie-triton")
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # a model that cannot be reloaded leaves Triton not ready (gateway/supervisor.py): liveness must see it
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert _one(objects, "Service", "sie-triton")["spec"]["clusterIP"] == "None"
     hpa = _one(objects, "HorizontalPodAutoscaler", "sie-triton")
     assert {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]} == {

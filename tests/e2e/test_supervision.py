@@ -1,0 +1,98 @@
+"""A model process killed on the real stack (issue 20 item 1): found within seconds, its requests ended in-band,
+out of service while the gateway reloads it through Triton's repository API, then back by itself.
+
+The kill is `kill -9` of the SmolLM2 `triton_python_backend_stub`, a child of the tritonserver this test session
+started. The engine's own fatal path (`_die()`: the stub exits) ends the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.conftest import MODEL, Stack
+
+TRITON_MODEL = "smollm2_135m_instruct"
+DETECT_WITHIN_S = 10.0  # probe every 2 s + the backend's 1 s answer, with room for a loaded box
+RECOVER_WITHIN_S = 180.0
+
+
+def _stub_pid(stack: Stack, model: str) -> int | None:
+    """The model's stub process among this test's tritonserver's children (from /proc: no truncated `ps`)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == stack.triton_pid and args[0].endswith(b"triton_python_backend_stub") and \
+                len(args) > 1 and f"/{model}/".encode() in args[1]:
+            return int(proc.name)
+    return None
+
+
+def _chat(stack: Stack, **extra) -> httpx.Response:
+    return httpx.post(f"{stack.base_url}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}], **extra})
+
+
+def _served(stack: Stack) -> bool:
+    models = httpx.get(f"{stack.base_url}/v1/models", timeout=10).json()["data"]
+    return any(m["id"] == MODEL for m in models)
+
+
+def test_a_killed_model_process_is_detected_ended_in_band_and_reloaded(stack: Stack):
+    assert _chat(stack).status_code == 200
+    victim = _stub_pid(stack, TRITON_MODEL)
+    assert victim is not None, "no SmolLM2 stub process under this test's tritonserver"
+    events: list[str] = []
+    with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "max_tokens": 1500, "stream": True, "temperature": 0.8,
+            "messages": [{"role": "user", "content": "Tell me a very long story."}]}) as stream:
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+            if len(events) == 5:
+                break
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[6:])
+        stream_ended = time.monotonic() - killed
+    # the stream ends with an error event and [DONE], within seconds (it sat silent until the 60 s inter-chunk
+    # timeout before)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "MODEL_LOADING", error
+    assert stream_ended < DETECT_WITHIN_S, f"the stream ended {stream_ended:.1f} s after the kill"
+
+    # out of service while it reloads: 503 with Retry-After, not listed (both workers: a few tries each)
+    blocking = _chat(stack)
+    assert blocking.status_code == 503 and blocking.headers["retry-after"] == "5", blocking.text
+    assert blocking.json()["error"]["code"] == "MODEL_LOADING"
+    assert not _served(stack) or not _served(stack)
+
+    # back by itself, on a new process
+    recovered = None
+    while time.monotonic() - killed < RECOVER_WITHIN_S:
+        if _chat(stack).status_code == 200:
+            recovered = time.monotonic() - killed
+            break
+        time.sleep(0.5)
+    assert recovered is not None, f"not serving {RECOVER_WITHIN_S} s after the kill"
+    print(f"stream ended {stream_ended:.1f} s after the kill; serving again after {recovered:.1f} s")
+    assert _stub_pid(stack, TRITON_MODEL) not in (None, victim)
+    assert all(_chat(stack).status_code == 200 for _ in range(4))  # on every worker
+    assert _served(stack) and _served(stack)
+    assert httpx.get(f"{stack.base_url}/readyz", timeout=10).status_code == 200
+    log = (stack.log_dir / "gateway.log").read_text(errors="replace")
+    assert f"model {TRITON_MODEL} on endpoint local: its model process is dead" in log
+    assert f"model {TRITON_MODEL} on endpoint local is serving again" in log
