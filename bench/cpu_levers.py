@@ -1,4 +1,4 @@
-"""CPU decode levers, measured in process against engine.model.decoder.DecoderForward on the real model (issue 13).
+"""CPU decode levers, measured in process against the engine.runner ModelRunner over the real model (issue 13).
 
 Each variant prefills B rows (prompts of different lengths, so rows sit at different positions), then times greedy
 decode steps; tok/s = B x steps / seconds, best of --reps repetitions. Variants:
@@ -28,8 +28,9 @@ import torch.nn.functional as F
 import engine.model.decoder as forward_module
 from devstack.triton import REPO_ROOT
 from engine.model import linear_kernels
-from engine.model.decoder import DecoderForward
+from engine.model.decoder import Decoder
 from engine.model.loading import load_model
+from engine.runner.model_runner import ModelRunner
 
 MODEL_DIR = REPO_ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 MAX_LEN = 512
@@ -41,14 +42,14 @@ def _prompts(b: int) -> list[list[int]]:
 
 
 @contextlib.contextmanager
-def _kernel(fwd: DecoderForward, kind: str) -> Iterator[None]:
+def _kernel(fwd: ModelRunner, kind: str) -> Iterator[None]:
     """Re-prepare fwd's linear weights for `kind` ('mkl' or 'dnnl'), restored afterwards."""
-    saved = fwd.linear_kind
-    fwd.set_linear_kind(kind)
+    saved = fwd.decoder.linear_kind
+    fwd.decoder.set_linear_kind(kind)
     try:
         yield
     finally:
-        fwd.set_linear_kind(saved)
+        fwd.decoder.set_linear_kind(saved)
 
 
 @contextlib.contextmanager
@@ -82,7 +83,7 @@ def _mask_mode(mode: str) -> Iterator[None]:
         forward_module.F = original
 
 
-def _decode_run(fwd: DecoderForward, b: int, steps: int, step_fn=None) -> tuple[float, list[list[int]]]:
+def _decode_run(fwd: ModelRunner, b: int, steps: int, step_fn=None) -> tuple[float, list[list[int]]]:
     prompts = _prompts(b)
     logits = fwd.prefill_batch(list(range(b)), prompts, [None] * b)
     tokens = logits.argmax(-1).tolist()
@@ -107,14 +108,15 @@ def _best_run(fwd, b, steps, reps, **kw) -> tuple[float, list[list[int]]]:
     return max(r[0] for r in runs), runs[0][1]
 
 
-def _static_decode(fwd: DecoderForward, token_t: torch.Tensor, pos_t: torch.Tensor, span: int) -> torch.Tensor:
-    """engine.model.decoder's decode with tensor inputs and a fixed span, so one graph serves every step of a bucket."""
+def _static_decode(runner: ModelRunner, token_t: torch.Tensor, pos_t: torch.Tensor, span: int) -> torch.Tensor:
+    """The decoder's decode with tensor inputs and a fixed span, so one graph serves every step of a bucket."""
+    fwd, cache = runner.decoder, runner.cache
     b = token_t.shape[0]
     rows = torch.arange(b)
     h = fwd.embed[token_t]
     group = fwd.n_heads // fwd.n_kv
     mask = (torch.arange(span)[None, :] <= pos_t[:, None])[:, None, None, :]
-    kc, vc = fwd.cache.k, fwd.cache.v
+    kc, vc = cache.k, cache.v
     for i, w in enumerate(fwd.layers):
         q, k, v = fwd._qkv(w, forward_module._rms_norm(h, w.input_norm, fwd.eps), pos_t, None, i)
         kc[i, rows, :, pos_t] = k
@@ -123,10 +125,10 @@ def _static_decode(fwd: DecoderForward, token_t: torch.Tensor, pos_t: torch.Tens
                                               vc[i, :b, :, :span], attn_mask=mask)
         h = h + fwd._o_proj(w, attn.reshape(b, -1), None, i)
         h = h + fwd._mlp(w, h, None, i)
-    return fwd._logits(h)
+    return fwd.logits(fwd._final_norm(h))
 
 
-def _compiled_step(fwd: DecoderForward, bucket: int):
+def _compiled_step(fwd: ModelRunner, bucket: int):
     inner = torch.compile(_static_decode, dynamic=False)
 
     def step(tokens: list[int], positions: list[int]) -> torch.Tensor:
@@ -135,7 +137,7 @@ def _compiled_step(fwd: DecoderForward, bucket: int):
     return step
 
 
-def _prefill_ms(fwd: DecoderForward, n: int) -> float:
+def _prefill_ms(fwd: ModelRunner, n: int) -> float:
     ids = list(range(100, 100 + n))
     fwd.prefill(0, ids, 0)
     t0 = time.perf_counter()
@@ -160,12 +162,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, ISA {linear_kernels.cpu_isa()}, "
           f"native bf16: {linear_kernels.native_bf16()}", flush=True)
-    models: dict[torch.dtype, DecoderForward] = {}
+    models: dict[torch.dtype, ModelRunner] = {}
 
-    def fwd_for(dtype: torch.dtype) -> DecoderForward:
+    def fwd_for(dtype: torch.dtype) -> ModelRunner:
         if dtype not in models:
             model, _, _ = load_model(str(MODEL_DIR), dtype, "cpu")
-            models[dtype] = DecoderForward(model, 16, MAX_LEN)
+            models[dtype] = ModelRunner(Decoder(model, MAX_LEN), 16, MAX_LEN)
         return models[dtype]
 
     reference: dict[int, list[list[int]]] = {}
@@ -175,7 +177,8 @@ def main() -> None:
                 continue
             dtype = torch.bfloat16 if variant.startswith("bf16") else torch.float32
             fwd = fwd_for(dtype)
-            kind = {"mkl": "mkl", "dnnl": "dnnl", "bf16": "mkl", "bf16_dnnl": "dnnl"}.get(variant, fwd.linear_kind)
+            kinds = {"mkl": "mkl", "dnnl": "dnnl", "bf16": "mkl", "bf16_dnnl": "dnnl"}
+            kind = kinds.get(variant, fwd.decoder.linear_kind)
             step_fn = None
             mask = {"fmask": "float", "nomask": "none"}.get(variant)
             t_compile = 0.0

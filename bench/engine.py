@@ -245,7 +245,7 @@ def profile_decode_step(bench: Bench, batch: int, steps: int = 20) -> dict:
     """Time one decode step of the engine's forward at `batch` rows, split into forward and sampler."""
     eng = bench.engine
     eng.stop()  # the loop must not touch the cache while we drive the forward directly
-    fwd, sampler = eng.forward, eng.sampler
+    fwd, sampler = eng.runner, eng.sampler
     for slot in range(batch):
         fwd.prefill(slot, bench.prompts[slot % len(bench.prompts)], 0)
     positions = [len(bench.prompts[s % len(bench.prompts)]) for s in range(batch)]

@@ -275,7 +275,7 @@ class Bench:
 
     def levers(self) -> dict:
         """Forward-only decode steps, driven directly (the engine loop is stopped): what each lever buys."""
-        fwd = self.engine.forward
+        fwd = self.engine.runner  # graphs toggled on the one runner: a second one would need a second KV cache
         graphs = getattr(fwd, "graphs", None)
         res: dict = {}
         for b in sorted({1, self.args.concurrency}):

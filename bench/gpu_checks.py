@@ -19,7 +19,6 @@ Exit status 1 when a hard check fails. Run: `python -m bench.gpu_checks [--token
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 
 import torch
@@ -39,7 +38,7 @@ def main() -> int:
     from engine.llm_engine import EngineConfig, LLMEngine
     from engine.model.kv_cache import KVCache
     from engine.request import EngineRequest
-    from engine.runner.cuda_graphs import DecodeGraphs
+    from engine.runner.model_runner import ModelRunner
     from engine.sampling_params import GrammarRequest, SamplingParams
 
     dtype = getattr(torch, args.dtype)
@@ -58,10 +57,8 @@ def main() -> int:
             failures.append(name)
 
     def scheduler(slots: int = 8, graphs: bool = True) -> Scheduler:
-        fwd = copy.copy(eng.forward)
-        fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 512, fwd.head_dim, fwd.dtype, fwd.device)
-        fwd.graphs = DecodeGraphs(fwd) if graphs and args.device.startswith("cuda") else None
-        return Scheduler(fwd, eng.sampler, eng.tokenizer, 512)
+        runner = ModelRunner(eng.runner.decoder, slots, 512, cuda_graphs=graphs and args.device.startswith("cuda"))
+        return Scheduler(runner, eng.sampler, eng.tokenizer, 512)
 
     def run(sched: Scheduler, requests: list[tuple[str, list[int], SamplingParams]], budget: int = 512,
             steps: int = 400) -> dict[str, list]:
@@ -129,7 +126,7 @@ def main() -> int:
     # -- CUDA graphs against eager, same cache contents
     if args.device.startswith("cuda"):
         with torch.inference_mode():
-            eager, graphed = scheduler(graphs=False).forward, scheduler(graphs=True).forward
+            eager, graphed = scheduler(graphs=False).runner, scheduler(graphs=True).runner
             for fwd in (eager, graphed):
                 for slot, p in enumerate(prompts[:5]):
                     fwd.prefill(slot, p, 0)

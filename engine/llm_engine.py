@@ -17,11 +17,11 @@ from engine.core.stats import EngineStats
 from engine.errors import EngineError, QueueFull, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
-from engine.model.decoder import DecoderForward
+from engine.model.decoder import Decoder
 from engine.model.loading import load_model
 from engine.model.lora import load_adapters
 from engine.request import EngineRequest, RequestOutput
-from engine.runner.cuda_graphs import DecodeGraphs
+from engine.runner.model_runner import ModelRunner
 from engine.sampling.grammar import GrammarCompilerCache
 from engine.sampling.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -75,18 +75,17 @@ class LLMEngine:
         model, self.tokenizer, processor = loaded or load_model(config.model_path, _resolve_dtype(config),
                                                                 config.device)
         self.model = model
-        self.forward = DecoderForward(model, config.max_slots, config.max_len)
-        if on_gpu and config.cuda_graphs:
-            self.forward.graphs = DecodeGraphs(self.forward)
+        decoder = Decoder(model, config.max_len)
         if processor is not None:
-            self.vision = VisionPrompter(model, processor, self.tokenizer, self.forward.embed)
-        self.forward.adapters = load_adapters(model, config.lora_paths or {})
-        self.sampler = Sampler(self.forward.vocab_size, self._stop_token_ids(model))
-        self.scheduler = Scheduler(self.forward, self.sampler, self.tokenizer, config.prefill_budget,
+            self.vision = VisionPrompter(model, processor, self.tokenizer, decoder.embed)
+        self.runner = ModelRunner(decoder, config.max_slots, config.max_len,
+                                  load_adapters(model, config.lora_paths or {}), on_gpu and config.cuda_graphs)
+        self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
+        self.scheduler = Scheduler(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
                                    config.kv_budget_tokens, config.prefix_cache_tokens)
         self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
         self.scheduler.reasoning = config.reasoning
-        self.grammars = GrammarCompilerCache(self.tokenizer, self.forward.vocab_size, self.sampler.stop_token_set,
+        self.grammars = GrammarCompilerCache(self.tokenizer, decoder.vocab_size, self.sampler.stop_token_set,
                                              config.grammar_budget_s)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
         self._pending = 0
@@ -97,9 +96,9 @@ class LLMEngine:
         self.healthy = True
         self.on_fatal: Callable[[], None] | None = None  # called once the loop has died and failed its requests
 
-    def _stop_token_ids(self, model) -> set[int]:
+    def _stop_token_ids(self, model, config) -> set[int]:
         ids: set[int] = set()
-        for source in (self.forward.config.eos_token_id, getattr(model.generation_config, "eos_token_id", None),
+        for source in (config.eos_token_id, getattr(model.generation_config, "eos_token_id", None),
                        self.tokenizer.eos_token_id):
             if isinstance(source, int):
                 ids.add(source)

@@ -26,8 +26,8 @@ from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.stats import EngineStats
 from engine.errors import EngineError, is_device_fault, request_error
-from engine.model.decoder import DecoderForward
 from engine.request import EngineRequest, RequestOutput
+from engine.runner.model_runner import ModelRunner
 from engine.sampling.sampler import Sampler
 from engine.staging import stage
 
@@ -35,14 +35,14 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, forward: DecoderForward, sampler: Sampler, tokenizer, prefill_budget: int = 512,
+    def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 512,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0) -> None:
-        self.forward = forward
+        self.runner = runner
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.prefill_budget = prefill_budget
-        self.max_slots = forward.cache.slots
-        self.max_len = forward.cache.max_len
+        self.max_slots = runner.cache.slots
+        self.max_len = runner.cache.max_len
         # admission control on KV memory: running requests reserve width x (prompt + max_tokens) positions
         self.kv_budget = kv_budget_tokens or self.max_slots * self.max_len
         self.reserved = 0
@@ -52,7 +52,7 @@ class Scheduler:
         self.stats = EngineStats(kv_budget=self.kv_budget)
         self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, self._release)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
-        self.prefix_cache = PrefixCache(forward.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self.reasoning = False  # the model declares reasoning (profile); set by the engine
 
     @property
@@ -78,7 +78,7 @@ class Scheduler:
                 request.prompt_param,
             )
         adapter = params.lora_adapter
-        if adapter is not None and adapter not in self.forward.adapters:
+        if adapter is not None and adapter not in self.runner.adapters:
             raise EngineError("unknown_lora_adapter", f"unknown LoRA adapter '{adapter}'", "lora_adapter")
         if params.width > self.max_slots:
             raise EngineError(
@@ -145,7 +145,7 @@ class Scheduler:
         self.stats.running = len({id(s.group) for s in self.decoding}) + (self.prefilling is not None)
         self.stats.kv_reserved = self.reserved
         if not self.has_work():
-            self.forward.cache.release_all()  # idle: whatever a failed prefill or fork left, give it back
+            self.runner.cache.release_all()  # idle: whatever a failed prefill or fork left, give it back
 
     def _reap_cancelled(self) -> None:
         groups = {id(s.group): s.group for s in self.decoding}
@@ -163,7 +163,7 @@ class Scheduler:
         if self.prefilling is group:
             self.prefilling = None
             if group.sequences[0].slot >= 0:
-                self.forward.cache.release(group.sequences[0].slot)  # its partial prompt
+                self.runner.cache.release(group.sequences[0].slot)  # its partial prompt
         for seq in [s for s in self.decoding if s.group is group]:
             self._retire(seq)
         self._release(group)
@@ -214,7 +214,7 @@ class Scheduler:
             self._new_parent(group).slot = slot
             slot += group.params.width  # its n/best_of children take the slots right after it
         try:
-            logits = self.forward.prefill_batch(
+            logits = self.runner.prefill_batch(
                 [g.sequences[0].slot for g in groups], [g.request.prompt_ids for g in groups],
                 [g.params.lora_adapter for g in groups])
         except Exception as exc:  # a forward failure must not take the engine down
@@ -244,7 +244,7 @@ class Scheduler:
             prompt = group.request.prompt_ids
             group.sequences[0].slot = slot
             try:
-                logits = self.forward.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
+                logits = self.runner.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
             except Exception as exc:
                 self.abort(group, "error", request_error(exc, "prefill"))
                 continue
@@ -287,7 +287,7 @@ class Scheduler:
             if embeds is not None:
                 embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
             try:
-                logits = self.forward.prefill(parent.slot, chunk, group.prefilled,
+                logits = self.runner.prefill(parent.slot, chunk, group.prefilled,
                                               adapter=group.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
                 error = request_error(exc, "prefill")
@@ -341,7 +341,7 @@ class Scheduler:
         for index in range(1, group.params.width):
             child = parent.fork(index, self._generator(group, index), self.tokenizer)
             child.slot = parent.slot + index
-            self.forward.cache.copy_slot(parent.slot, child.slot, parent.kv_len)
+            self.runner.cache.copy_slot(parent.slot, child.slot, parent.kv_len)
             group.sequences.append(child)
         self.decoding.extend(group.sequences)
         group.first_token_at = time.monotonic()
@@ -357,7 +357,7 @@ class Scheduler:
         positions = [s.kv_len for s in rows]
         adapters = [s.params.lora_adapter for s in rows]
         try:
-            logits = self.forward.decode(tokens, positions, adapters)
+            logits = self.runner.decode(tokens, positions, adapters)
         except Exception as exc:
             if is_device_fault(exc):
                 raise
@@ -378,7 +378,7 @@ class Scheduler:
             if id(seq.group) in failures:
                 continue
             try:
-                row_logits.append(self.forward.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
+                row_logits.append(self.runner.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
                                                        adapter=seq.params.lora_adapter))
             except Exception as exc:
                 failures[id(seq.group)] = (seq.group, request_error(exc, "decode"))
@@ -439,7 +439,7 @@ class Scheduler:
         if seq not in self.decoding:
             return
         self.sampler.counts.release(seq)
-        cache = self.forward.cache
+        cache = self.runner.cache
         index = self.decoding.index(seq)
         last = len(self.decoding) - 1
         if index != last:

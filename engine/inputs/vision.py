@@ -1,7 +1,7 @@
-"""Image input for Llava-style vision-language models, on the same DecoderForward path as text.
+"""Image input for Llava-style vision-language models, on the same Decoder path as text.
 
 A vision model (engine.model.loading) is loaded with its processor;
-DecoderForward runs its language model (`model.model.language_model` + `model.lm_head`). For a
+Decoder runs its language model (`model.model.language_model` + `model.lm_head`). For a
 request with images the prompt is rendered through the chat template with `<image>` placeholders
 (one user turn for a native prompt; before the text of the last user message for chat), the
 processor expands the placeholders and makes `pixel_values`, and the prompt's input embeddings
@@ -93,7 +93,7 @@ class VisionPrompter:
         self.model = hf_model
         self.processor = processor
         self.tokenizer = tokenizer
-        self.embed = embed  # the language model's token embedding table (DecoderForward's)
+        self.embed = embed  # the language model's token embedding table (Decoder's)
         self.max_image_pixels, self.max_request_pixels = MAX_IMAGE_PIXELS, MAX_REQUEST_PIXELS
         config = hf_model.config
         self.image_token_id = getattr(config, "image_token_id", None)

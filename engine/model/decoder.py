@@ -1,4 +1,7 @@
-"""A lean decoder forward over a transformers Llama-family model's weights, with a static KV cache.
+"""A lean decoder over a transformers Llama-family model's weights: the model math only.
+
+It owns no state that changes between steps: the KV cache, the adapters and the CUDA graphs belong to the
+runner (engine.runner.model_runner), which passes the cache and a LoRA batch into every call.
 
 Why our own forward: batched decode of small models on CPU is bound by per-step overhead (Python
 dispatch over many small ops, a growing cache), not arithmetic. Fused QKV / gate-up weights,
@@ -12,7 +15,6 @@ per-head q/k RMSNorm), which covers the served models; others, and features the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +22,8 @@ import torch.nn.functional as F
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import choose_kind, linear, pack
 from engine.model.loading import language_model, unsupported_features
-from engine.model.lora import AdapterTable, LoraBatch
+from engine.model.lora import LoraBatch
 from engine.staging import stage
-
-if TYPE_CHECKING:
-    from engine.runner.cuda_graphs import DecodeGraphs
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
 
@@ -64,10 +63,12 @@ def _fuse_linears(linears: list[torch.nn.Module], name: str = "weight") -> torch
     return fused
 
 
-class DecoderForward:
-    """Prefill and batched decode over a static KV cache; rows are KV cache slots."""
+class Decoder:
+    """Prefill and batched decode over a static KV cache passed in; rows are KV cache slots.
 
-    def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
+    `max_len`: the longest sequence it runs (RoPE tables; a sliding window shorter than it is rejected)."""
+
+    def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
         config, inner, arch = language_model(hf_model)  # a VLM's language model too
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {arch} is not supported by engine.model.decoder")
@@ -90,14 +91,14 @@ class DecoderForward:
         self.linear_kind = "torch"
         first = self.layers[0]
         self.set_linear_kind(choose_kind(self.device, [first.qkv, first.o_proj, first.gate_up, first.down]))
-        self.cache = KVCache(
-            len(self.layers), max_slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device
-        )
+        self.hidden_size = config.hidden_size
         self._build_rope(config, max_len)
-        self.adapters: AdapterTable = {}
-        self.graphs: DecodeGraphs | None = None  # CUDA-graph replay of decode steps (engine.runner.cuda_graphs)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.mlp_splits = [config.intermediate_size, config.intermediate_size]
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions."""
+        return KVCache(len(self.layers), slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device)
 
     def set_linear_kind(self, kind: str) -> None:
         """Lay the linear weights out for `kind` ("dnnl": prepacked for oneDNN; otherwise dense)."""
@@ -173,22 +174,25 @@ class DecoderForward:
         out = linear(act, w.down)
         return lora.add(layer, "down", act, out, [out.shape[-1]]) if lora else out
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return linear(_rms_norm(h, self.final_norm, self.eps), self.lm_head).float()
+    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(h, self.final_norm, self.eps)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The LM head on final-normed hidden states [N, hidden] -> [N, V] float32 logits."""
+        return linear(normed, self.lm_head).float()
 
     @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
+    def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora: LoraBatch | None = None,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V].
+        `lora`: one row per token of the chunk."""
         n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
         h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None else embeds.to(self.device)
-        # every token of the chunk runs on the adapter
-        lora = LoraBatch(self.adapters, [adapter] * n, self.device) if adapter else None
         # causal over the chunk, full over the cached prefix; a fresh prompt needs no mask tensor at all
         mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start) if start else None
-        kc, vc = self.cache.k, self.cache.v
+        kc, vc = cache.k, cache.v
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
             kc[i, slot, :, start:end] = k.transpose(0, 1)
@@ -203,11 +207,13 @@ class DecoderForward:
             )
             h = h + self._o_proj(w, attn[0].transpose(0, 1).reshape(n, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
-        return self._logits(h[-1:])[0]
+        return self.logits(self._final_norm(h[-1:]))[0]
 
     @torch.inference_mode()
-    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+    def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
+                      lora: LoraBatch | None = None) -> torch.Tensor:
         """Whole prompts of several new sequences in one forward (right-padded); returns [k, V] last logits.
+        `lora`: one row per padded token (each prompt padded to the longest).
 
         Pad positions write garbage K/V past each prompt's end; decode overwrites a position before it
         ever attends to it, so they are never read.
@@ -219,12 +225,10 @@ class DecoderForward:
         ids, lengths, slot_index = table[:, :longest], table[:, longest], table[:, longest + 1]
         positions = torch.arange(longest, device=self.device).repeat(k)
         h = self.embed[ids.reshape(-1)]
-        row_adapters = [a for a in adapters for _ in range(longest)]
-        lora = LoraBatch(self.adapters, row_adapters, self.device) if any(adapters) else None
         causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
         keys = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
         mask = (causal[None] & keys[:, None, :])[:, None]  # [k, 1, T, T]
-        kc, vc = self.cache.k, self.cache.v
+        kc, vc = cache.k, cache.v
         for i, w in enumerate(self.layers):
             q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
             q = q.view(k, longest, self.n_heads, self.head_dim).transpose(1, 2)
@@ -236,27 +240,13 @@ class DecoderForward:
             h = h + self._o_proj(w, attn.transpose(1, 2).reshape(k * longest, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
         last = h.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1]
-        return self._logits(last)
+        return self.logits(self._final_norm(last))
 
-    @torch.inference_mode()
-    def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None
-               ) -> torch.Tensor:
-        """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
-        with_lora = bool(adapters and any(adapters))
-        if self.graphs is not None and not with_lora:  # replayed from a captured CUDA graph (engine.runner.cuda_graphs)
-            logits = self.graphs.decode(token_ids, positions)
-            if logits is not None:
-                return logits
-        inputs = stage([token_ids, positions], torch.long, self.device)  # one host->device copy
-        lora = LoraBatch(self.adapters, adapters, self.device) if adapters and with_lora else None
-        # every row at the same position attends to the whole span: no mask to build or read
-        full = min(positions) == max(positions)
-        return self.decode_tensors(inputs[0], inputs[1], max(positions) + 1, lora, masked=not full)
-
-    def decode_tensors(self, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
-                       lora: LoraBatch | None = None, masked: bool = True) -> torch.Tensor:
-        """The decode step on device tensors, with no host sync (so a CUDA graph can capture it): `span`
-        cache positions are read, and each row attends to its own filled prefix only when `masked`."""
+    def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
+                      lora: LoraBatch | None = None, masked: bool = True) -> torch.Tensor:
+        """One decode step for slots 0..B-1 on device tensors, with no host sync (so a CUDA graph can capture
+        it): `span` cache positions are read, and each row attends to its own filled prefix only when `masked`.
+        Returns the final-normed hidden states [B, hidden]; `logits` applies the LM head."""
         b = token_tensor.shape[0]
         rows = torch.arange(b, device=self.device)
         h = self.embed[token_tensor]
@@ -264,7 +254,7 @@ class DecoderForward:
         # [B, 1, 1, span]: each row attends to its own filled prefix only
         mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
             if masked else None
-        kc, vc = self.cache.k, self.cache.v
+        kc, vc = cache.k, cache.v
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions_t, lora, i)
             kc[i, rows, :, positions_t] = k
@@ -278,4 +268,4 @@ class DecoderForward:
             )
             h = h + self._o_proj(w, attn.reshape(b, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
-        return self._logits(h)
+        return self._final_norm(h)

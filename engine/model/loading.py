@@ -1,7 +1,7 @@
 """Loading every served model (text or vision-language) and finding its language model.
 
 A vision model is recognised by `vision_config` in its config and comes with its processor; for
-DecoderForward both kinds reduce to (text config, decoder module, causal-LM architecture).
+Decoder both kinds reduce to (text config, decoder module, causal-LM architecture).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-# text model_type -> the causal-LM architecture DecoderForward knows it as
+# text model_type -> the causal-LM architecture Decoder knows it as
 TEXT_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -55,7 +55,7 @@ def language_model(hf_model: torch.nn.Module) -> tuple[Any, torch.nn.Module, str
 
 
 def unsupported_features(config: Any, inner: torch.nn.Module, max_len: int) -> list[str]:
-    """What the model uses that DecoderForward would silently compute wrong, each named as its config does.
+    """What the model uses that Decoder would silently compute wrong, each named as its config does.
 
     A sliding window no shorter than the cache never masks anything, so it is full attention and allowed.
     """

@@ -10,8 +10,13 @@ padded. Padded rows use the slots after the live ones, feed token 0 and write th
 position, `max_len - 1`. That position is never read before its own sequence writes it (every row writes its
 position before attending to it), so a padded row never disturbs a prompt being prefilled in those slots.
 Each row's own mask hides the positions past its length, so a larger span changes nothing it reads.
-Graphs are captured lazily, one per (batch, span) bucket, in one shared memory pool. Batches with LoRA rows
-run eagerly (the caller checks).
+Graphs are captured lazily, one per (batch, span) bucket, in one shared memory pool.
+
+What is captured is a callable, `step(tokens, positions, span) -> [batch, width]` (the runner's decoder body up
+to the final norm): this module knows neither the model nor the runner. Every graph writes its result into one
+shared `[max_batch, width]` buffer, and the LM head runs outside the graph on the live rows only, as in
+nano-vllm: a graph's own logits buffer would cost batch x vocab x 4 bytes per captured bucket (about 1.1 GB at
+a 152k vocabulary over the default buckets). Batches with LoRA rows run eagerly (the caller checks).
 
 On the CPU (tests), `capture=False` runs the same padded, bucketed step eagerly through the same buffers, so
 the padding and bucketing are checked against the plain decode without a GPU.
@@ -21,19 +26,20 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from engine.staging import stage
 
-if TYPE_CHECKING:
-    from engine.model.decoder import DecoderForward
-
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 SPAN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+# (tokens [batch], positions [batch], span) -> [batch, width], on device tensors and with no host sync
+Step = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def buckets(candidates: tuple[int, ...], limit: int) -> list[int]:
@@ -42,23 +48,25 @@ def buckets(candidates: tuple[int, ...], limit: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, forward: DecoderForward, capture: bool | None = None) -> None:
-        self.forward = forward
-        self.cache = forward.cache  # graphs read this cache's storage: a new cache means new graphs
-        self.capture = forward.device.type == "cuda" if capture is None else capture
-        self.batch_buckets = buckets(BATCH_BUCKETS, self.cache.slots)
-        self.span_buckets = buckets(SPAN_BUCKETS, self.cache.max_len)
-        self.pad_position = self.cache.max_len - 1
+    def __init__(self, step: Step, max_batch: int, max_len: int, width: int, dtype: torch.dtype,
+                 device: torch.device, capture: bool | None = None) -> None:
+        self.step = step
+        self.device = device
+        self.capture = device.type == "cuda" if capture is None else capture
+        self.batch_buckets = buckets(BATCH_BUCKETS, max_batch)
+        self.span_buckets = buckets(SPAN_BUCKETS, max_len)
+        self.pad_position = max_len - 1
         # rows: token ids, positions
-        self.inputs = torch.zeros(2, self.cache.slots, dtype=torch.long, device=forward.device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.inputs = torch.zeros(2, max_batch, dtype=torch.long, device=device)
+        self.output = torch.zeros(max_batch, width, dtype=dtype, device=device)  # what every graph writes
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.disabled = False
 
-    def decode(self, token_ids: list[int], positions: list[int]) -> torch.Tensor | None:
-        """[B, V] logits of one step, or None when this step must run eagerly. The logits are a view of the
-        graph's output buffer: valid until the next decode step."""
-        if self.disabled or self.forward.cache is not self.cache:
+    def run(self, token_ids: list[int], positions: list[int]) -> torch.Tensor | None:
+        """The step's [B, width] result for B live rows, or None when this step must run eagerly. A view of the
+        shared output buffer: valid until the next call."""
+        if self.disabled:
             return None
         b = len(token_ids)
         batch = self._bucket(self.batch_buckets, b)
@@ -67,41 +75,42 @@ class DecodeGraphs:
             return None
         pad = batch - b
         self.inputs[:, :batch].copy_(stage([token_ids + [0] * pad, positions + [self.pad_position] * pad],
-                                           torch.long, self.forward.device), non_blocking=True)
-        tokens, where = self.inputs[0, :batch], self.inputs[1, :batch]
+                                           torch.long, self.device), non_blocking=True)
         if not self.capture:
-            return self.forward.decode_tensors(tokens, where, span)[:b]
+            self._body(batch, span)
+            return self.output[:b]
         key = (batch, span)
         if key not in self.graphs:
             try:
-                self.graphs[key] = self._capture(tokens, where, span)
+                self.graphs[key] = self._capture(batch, span)
             except Exception:  # never worse than eager: log once, stop trying
                 log.exception("CUDA graph capture failed at batch %d, span %d; decoding eagerly", batch, span)
                 self.disabled = True
                 return None
-        graph, logits = self.graphs[key]
-        graph.replay()
-        return logits[:b]
+        self.graphs[key].replay()
+        return self.output[:b]
 
     @staticmethod
     def _bucket(sizes: list[int], n: int) -> int | None:
         i = bisect.bisect_left(sizes, n)
         return sizes[i] if i < len(sizes) else None
 
-    def _capture(self, tokens: torch.Tensor, where: torch.Tensor, span: int):
-        fwd = self.forward
+    def _body(self, batch: int, span: int) -> None:
+        self.output[:batch].copy_(self.step(self.inputs[0, :batch], self.inputs[1, :batch], span))
+
+    def _capture(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
         # warm-up on a side stream (allocator and kernel selection), as torch.cuda.graphs recommends; it
         # computes this very step, so its K/V writes are the ones the replay makes again
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                fwd.decode_tensors(tokens, where, span)
+                self._body(batch, span)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread-local: the engine loop captures while other threads (Triton, the caller) may use CUDA
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            logits = fwd.decode_tensors(tokens, where, span)
+            self._body(batch, span)
         self.pool = graph.pool()
-        log.info("captured a decode CUDA graph at batch %d, span %d", tokens.shape[0], span)
-        return graph, logits
+        log.info("captured a decode CUDA graph at batch %d, span %d", batch, span)
+        return graph

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -46,11 +45,12 @@ def real_engine():
 def make_scheduler(real_engine):
     """A synchronous Scheduler over the session model's weights with its own KV cache (stepped by the test)."""
     from engine.core.scheduler import Scheduler
-    from engine.model.kv_cache import KVCache
+    from engine.runner.model_runner import ModelRunner
 
-    def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, prefill_budget: int = 512) -> Scheduler:
-        fwd = copy.copy(real_engine.forward)  # shares the fused weights and RoPE tables
-        fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, max_len, fwd.head_dim, fwd.dtype, fwd.device)
-        return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+    def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, prefill_budget: int = 512,
+             adapters: dict | None = None) -> Scheduler:
+        # the session decoder's fused weights and RoPE tables, with this scheduler's own KV cache and adapters
+        runner = ModelRunner(real_engine.runner.decoder, slots, max_len, adapters)
+        return Scheduler(runner, real_engine.sampler, real_engine.tokenizer, prefill_budget)
 
     return make

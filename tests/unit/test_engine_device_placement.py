@@ -9,7 +9,6 @@ one-by-one fallbacks after a failed batched prefill/decode.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 
@@ -44,12 +43,10 @@ def adapters(real_engine):
 
 def _scheduler(real_engine, adapters, slots: int = 8, prefill_budget: int = 512):
     from engine.core.scheduler import Scheduler
-    from engine.model.kv_cache import KVCache
+    from engine.runner.model_runner import ModelRunner
 
-    fwd = copy.copy(real_engine.forward)
-    fwd.adapters = dict(adapters)
-    fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 256, fwd.head_dim, fwd.dtype, fwd.device)
-    return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+    runner = ModelRunner(real_engine.runner.decoder, slots, 256, dict(adapters))
+    return Scheduler(runner, real_engine.sampler, real_engine.tokenizer, prefill_budget)
 
 
 def _every_feature(seed: int) -> SamplingParams:
@@ -77,13 +74,13 @@ def _run_all_paths(real_engine, adapters, prompts) -> Run:
     run.add("doomed", prompts[1], greedy(8, lora_adapter="doomed", ignore_eos=True))
     run.add("batched2", prompts[2], greedy(3, ignore_eos=True))
     run.step()
-    del run.sched.forward.adapters["doomed"]
+    del run.sched.runner.adapters["doomed"]
     run.step()
     # a batched prefill that fails: prompts are prefilled one by one
-    run.sched.forward.adapters["doomed"] = adapters["doomed"]
+    run.sched.runner.adapters["doomed"] = adapters["doomed"]
     run.add("doomed2", prompts[0], greedy(3, lora_adapter="doomed"))
     run.add("alone-ok", prompts[3], _every_feature(5))
-    del run.sched.forward.adapters["doomed"]
+    del run.sched.runner.adapters["doomed"]
     run.until_done()
     return run
 

@@ -172,12 +172,9 @@ def test_a_failing_output_step_fails_only_its_request(make_scheduler, prompts):
     _assert_neighbours_unharmed(make_scheduler, prompts, run)
 
 
-def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, prompts):
-    sched = make_scheduler()
-    layers = len(sched.forward.layers)
-    # a fresh dict: the session forward's adapter table is shared, never modified
-    sched.forward.adapters = {**sched.forward.adapters,
-                              "flaky": [{"o_proj": [(0, SingleRowFailingDelta())]} for _ in range(layers)]}
+def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, real_engine, prompts):
+    layers = len(real_engine.runner.decoder.layers)
+    sched = make_scheduler(adapters={"flaky": [{"o_proj": [(0, SingleRowFailingDelta())]} for _ in range(layers)]})
     run = Run(sched)
     run.add("a", prompts[1], greedy(10, ignore_eos=True))
     run.add("bad", prompts[3], greedy(10, lora_adapter="flaky"))
@@ -208,7 +205,7 @@ def test_kv_budget_error_names_the_clients_field(make_scheduler, prompts):
     from engine.request import EngineRequest
 
     base = make_scheduler()
-    sched = Scheduler(base.forward, base.sampler, base.tokenizer, kv_budget_tokens=60)
+    sched = Scheduler(base.runner, base.sampler, base.tokenizer, kv_budget_tokens=60)
     params = SamplingParams.from_dict({"max_tokens": 100, "max_tokens_param": "max_completion_tokens"})
     with pytest.raises(EngineError) as info:
         sched.add(EngineRequest("x", prompts[0], params, lambda out: None))

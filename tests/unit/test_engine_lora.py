@@ -6,8 +6,6 @@ Uses the demo adapter built by `make model` (scripts/make_lora.py) through the p
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -18,14 +16,12 @@ ADAPTER_DIR = MODEL_DIR.parent / "smollm2-lora-pirate"
 
 
 @pytest.fixture(scope="module")
-def lora_forward(real_engine):
+def lora_adapters(real_engine):
     if not (ADAPTER_DIR / ".complete").exists():
         pytest.skip(f"demo adapter not built at {ADAPTER_DIR} (run `make model`)")
     from engine.model.lora import load_adapters
 
-    fwd = copy.copy(real_engine.forward)
-    fwd.adapters = load_adapters(real_engine.model, {"pirate": str(ADAPTER_DIR)})
-    return fwd
+    return load_adapters(real_engine.model, {"pirate": str(ADAPTER_DIR)})
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +38,20 @@ def prompts(real_engine) -> list[list[int]]:
     return [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
 
 
-def scheduler(real_engine, fwd, slots: int = 8):
+def scheduler(real_engine, adapters, slots: int = 8):
     from engine.core.scheduler import Scheduler
-    from engine.model.kv_cache import KVCache
+    from engine.runner.model_runner import ModelRunner
 
-    fwd = copy.copy(fwd)
-    fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 256, fwd.head_dim, fwd.dtype, fwd.device)
-    return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer)
+    runner = ModelRunner(real_engine.runner.decoder, slots, 256, adapters)
+    return Scheduler(runner, real_engine.sampler, real_engine.tokenizer)
 
 
-def test_adapter_logits_match_peft_merged_over_the_whole_prompt(real_engine, lora_forward, merged_model, prompts):
+def test_adapter_logits_match_peft_merged_over_the_whole_prompt(real_engine, lora_adapters, merged_model, prompts):
     ids = prompts[0]
     with torch.inference_mode():
         ref = merged_model(input_ids=torch.tensor([ids])).logits[0].float()
-    sched = scheduler(real_engine, lora_forward, slots=1)
-    fwd = sched.forward
+    sched = scheduler(real_engine, lora_adapters, slots=1)
+    fwd = sched.runner
     # one chunk: the whole prompt on the adapter
     whole = fwd.prefill(0, ids, 0, adapter="pirate")
     torch.testing.assert_close(whole, ref[-1], atol=2e-4, rtol=2e-4)
@@ -69,15 +64,15 @@ def test_adapter_logits_match_peft_merged_over_the_whole_prompt(real_engine, lor
     assert (base - ref[-1]).abs().max() > 1e-2
 
 
-def test_adapter_request_same_tokens_alone_and_in_a_mixed_batch(real_engine, lora_forward, prompts):
-    alone = Run(scheduler(real_engine, lora_forward))
+def test_adapter_request_same_tokens_alone_and_in_a_mixed_batch(real_engine, lora_adapters, prompts):
+    alone = Run(scheduler(real_engine, lora_adapters))
     alone.add("p", prompts[1], greedy(16, ignore_eos=True, lora_adapter="pirate"))
     alone.until_done()
-    base_alone = Run(scheduler(real_engine, lora_forward))
+    base_alone = Run(scheduler(real_engine, lora_adapters))
     base_alone.add("b", prompts[2], greedy(16, ignore_eos=True))
     base_alone.until_done()
 
-    mixed = Run(scheduler(real_engine, lora_forward))
+    mixed = Run(scheduler(real_engine, lora_adapters))
     mixed.add("b0", prompts[0], greedy(16, ignore_eos=True))
     mixed.add("p", prompts[1], greedy(16, ignore_eos=True, lora_adapter="pirate"))
     mixed.add("b", prompts[2], greedy(16, ignore_eos=True))

@@ -299,7 +299,7 @@ def test_retired_slots_give_their_memory_back(real_engine, make_scheduler, promp
     run.add("a", longest, greedy(3, ignore_eos=True))  # slot 0, the longer K/V, finishes first
     run.add("c", prompts[1], greedy(6, ignore_eos=True))
     run.add("b", shortest, greedy(40, ignore_eos=True))  # last slot: moves down into slot 0
-    cache = run.sched.forward.cache
+    cache = run.sched.runner.cache
     while not run.finals("a"):
         run.step()
     b = run.sched.decoding[0]

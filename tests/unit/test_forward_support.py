@@ -29,18 +29,19 @@ def _mistral(**kw):
     (lambda: _mistral(sliding_window=16), "sliding_window"),
 ])
 def test_a_feature_the_fused_forward_ignores_is_rejected_at_load_by_name(model, feature):
-    from engine.model.decoder import DecoderForward
+    from engine.model.decoder import Decoder
 
     with pytest.raises(ValueError, match=feature):
-        DecoderForward(model(), max_slots=2, max_len=64)
+        Decoder(model(), max_len=64)
 
 
 @torch.inference_mode()
 def test_a_sliding_window_no_shorter_than_the_cache_is_full_attention_and_loads():
-    from engine.model.decoder import DecoderForward
+    from engine.model.decoder import Decoder
+    from engine.runner.model_runner import ModelRunner
 
     model = _mistral(sliding_window=64)
-    fwd = DecoderForward(model, max_slots=1, max_len=64)
+    fwd = ModelRunner(Decoder(model, max_len=64), slots=1, max_len=64)
     prompt = [5, 17, 33, 2, 99, 140, 7]
     torch.testing.assert_close(fwd.prefill(0, prompt, 0), model(torch.tensor([prompt])).logits[0, -1],
                                rtol=1e-4, atol=1e-4)

@@ -71,13 +71,15 @@ def _tiny_llama():
 @torch.inference_mode()
 @pytest.mark.parametrize("kind", ["mkl", "dnnl"])
 def test_forward_with_either_kind_matches_hf(monkeypatch, kind):
-    from engine.model.decoder import DecoderForward
+    from engine.model.decoder import Decoder
+    from engine.runner.model_runner import ModelRunner
 
     monkeypatch.setenv("SIE_LINEAR_KERNEL", kind)
     model = _tiny_llama()
-    fwd = DecoderForward(model, max_slots=2, max_len=64)
-    assert fwd.linear_kind == kind
-    assert all(w.gate_up.is_mkldnn == (kind == "dnnl") for w in fwd.layers)
+    decoder = Decoder(model, max_len=64)
+    assert decoder.linear_kind == kind
+    assert all(w.gate_up.is_mkldnn == (kind == "dnnl") for w in decoder.layers)
+    fwd = ModelRunner(decoder, slots=2, max_len=64)
     prompt = [5, 17, 33, 2, 99, 140, 7]
     ref = model(torch.tensor([prompt])).logits[0, -1]
     got = fwd.prefill(0, prompt, 0)

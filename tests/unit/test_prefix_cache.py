@@ -36,11 +36,11 @@ def turns(real_engine) -> dict[str, list[int]]:
 @pytest.fixture
 def cached_scheduler(real_engine):
     from engine.core.scheduler import Scheduler
+    from engine.runner.model_runner import ModelRunner
 
     def make(capacity: int = 4096, slots: int = 8):
-        fwd = copy.copy(real_engine.forward)
-        fwd.cache = KVCache(len(fwd.layers), slots, fwd.n_kv, 512, fwd.head_dim, fwd.dtype, fwd.device)
-        return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, prefix_cache_tokens=capacity)
+        runner = ModelRunner(real_engine.runner.decoder, slots, 512)
+        return Scheduler(runner, real_engine.sampler, real_engine.tokenizer, prefix_cache_tokens=capacity)
 
     return make
 
@@ -94,7 +94,7 @@ def test_image_inputs_salt_the_key(make_scheduler):
 
     ids = list(range(1, 40))
     sched = make_scheduler()
-    embeds = sched.forward.embed[torch.tensor(ids)].clone()
+    embeds = sched.runner.decoder.embed[torch.tensor(ids)].clone()
     other = embeds.clone()
     other[5] += 1.0
     salts = [sched._cache_salt(SequenceGroup(EngineRequest("x", ids, SamplingParams(), print, prompt_embeds=e)))
@@ -116,8 +116,8 @@ def test_lru_eviction_stays_within_the_budget(cached_scheduler, turns):
 
 
 def test_pool_round_trip_is_exact(real_engine):
-    fwd = real_engine.forward
-    kv = KVCache(2, 2, fwd.n_kv, 64, fwd.head_dim, torch.float32, "cpu")
+    decoder = real_engine.runner.decoder
+    kv = KVCache(2, 2, decoder.n_kv, 64, decoder.head_dim, torch.float32, "cpu")
     kv.k.normal_()
     kv.v.normal_()
     cache = PrefixCache(kv, capacity_tokens=64, block_tokens=8)

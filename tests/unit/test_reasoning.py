@@ -36,7 +36,7 @@ def _run(make_scheduler, include: bool, stream: bool) -> tuple[str, str, list]:
     params = SamplingParams.from_dict({"max_tokens": 48, "grammar": grammar, "include_reasoning": include})
     from engine.sampling.grammar import GrammarCompilerCache
 
-    cache = GrammarCompilerCache(sched.tokenizer, sched.forward.vocab_size, sched.sampler.stop_token_set)
+    cache = GrammarCompilerCache(sched.tokenizer, sched.runner.vocab_size, sched.sampler.stop_token_set)
     request = EngineRequest("r", sched.tokenizer.encode("Think, then answer:"), params, outputs.append, stream)
     request.grammar = lambda: cache.new_state(params.grammar)
     sched.add(request)

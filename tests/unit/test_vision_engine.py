@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import io
 import queue
 
@@ -71,10 +70,9 @@ def run(eng, prompt=None, messages=None, images=None, **kw):
 def first_token_logits(eng, ids, embeds, chunk: int = 1000):
     """Prefill on a private KV cache (the engine's weights), optionally in chunks; logits of the last token."""
 
-    from engine.model.kv_cache import KVCache
+    from engine.runner.model_runner import ModelRunner
 
-    fwd = copy.copy(eng.forward)
-    fwd.cache = KVCache(len(fwd.layers), 1, fwd.n_kv, MAX_LEN, fwd.head_dim, fwd.dtype, fwd.device)
+    fwd = ModelRunner(eng.runner.decoder, 1, MAX_LEN)
     for start in range(0, len(ids), chunk):
         end = min(start + chunk, len(ids))
         logits = fwd.prefill(0, ids[start:end], start, embeds=None if embeds is None else embeds[start:end])
@@ -124,7 +122,7 @@ def test_the_processor_sees_the_pixels(vlm):
 
 
 def test_engine_forward_matches_transformers_llava(vlm):
-    """Our embeddings + DecoderForward (prefilled in uneven chunks) equal Llava's own forward."""
+    """Our embeddings + Decoder (prefilled in uneven chunks) equal Llava's own forward."""
     import torch
     from PIL import Image
 

@@ -1,0 +1,69 @@
+"""The model runner: host inputs in, logits out, over the model's KV cache, adapters and CUDA graphs.
+
+It owns everything a forward needs besides the weights: the KV cache (rows are the scheduler's slots), the
+LoRA adapter table, and the decode CUDA graphs. It picks how a decode step runs: replayed from a graph when
+graphs are on and no row uses an adapter, eagerly otherwise (or when no graph fits), as nano-vllm's
+`ModelRunner.run_model` does. The decoder stays pure model math.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model.decoder import Decoder
+from engine.model.kv_cache import KVCache
+from engine.model.lora import AdapterTable, LoraBatch
+from engine.runner.cuda_graphs import DecodeGraphs
+from engine.staging import stage
+
+
+class ModelRunner:
+    def __init__(self, decoder: Decoder, slots: int, max_len: int, adapters: AdapterTable | None = None,
+                 cuda_graphs: bool = False, capture: bool | None = None) -> None:
+        """`cuda_graphs`: replay decode steps from graphs (`capture=False` runs the same padded, bucketed
+        step eagerly, which is how the CPU tests check it; None: capture on CUDA)."""
+        self.decoder = decoder
+        self.device = decoder.device
+        self.cache: KVCache = decoder.new_cache(slots, max_len)
+        self.adapters: AdapterTable = adapters if adapters is not None else {}
+        self.graphs = DecodeGraphs(self._graph_step, slots, max_len, decoder.hidden_size, decoder.dtype,
+                                   decoder.device, capture) if cuda_graphs else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.vocab_size
+
+    def _lora(self, row_adapters: list[str | None]) -> LoraBatch | None:
+        return LoraBatch(self.adapters, row_adapters, self.device) if any(row_adapters) else None
+
+    def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+        lora = self._lora([adapter] * len(token_ids)) if adapter else None  # every token runs on the adapter
+        return self.decoder.prefill(self.cache, slot, token_ids, start, lora, embeds)
+
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+        """Whole prompts of several new sequences in one forward; returns [k, V] last logits."""
+        longest = max(len(p) for p in prompts)
+        lora = self._lora([a for a in adapters for _ in range(longest)]) if any(adapters) else None
+        return self.decoder.prefill_batch(self.cache, slots, prompts, lora)
+
+    @torch.inference_mode()
+    def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None
+               ) -> torch.Tensor:
+        """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
+        with_lora = bool(adapters and any(adapters))
+        if self.graphs is not None and not with_lora:
+            hidden = self.graphs.run(token_ids, positions)
+            if hidden is not None:
+                return self.decoder.logits(hidden)  # the LM head outside the graph, on the live rows only
+        inputs = stage([token_ids, positions], torch.long, self.device)  # one host->device copy
+        lora = self._lora(adapters) if adapters and with_lora else None
+        # every row at the same position attends to the whole span: no mask to build or read
+        full = min(positions) == max(positions)
+        hidden = self.decoder.decode_hidden(self.cache, inputs[0], inputs[1], max(positions) + 1, lora,
+                                            masked=not full)
+        return self.decoder.logits(hidden)
+
+    def _graph_step(self, tokens: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
+        return self.decoder.decode_hidden(self.cache, tokens, positions, span)
