@@ -109,7 +109,7 @@ def _peft_merged_reference(messages: list[dict], max_new_tokens: int) -> str:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().eval()
-    ids = tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False)
+    ids = render_chat(tokenizer, messages).encode(tokenizer)
     with torch.inference_mode():
         out = merged.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
     return tokenizer.decode(out[0][len(ids):], skip_special_tokens=True)
