@@ -20,6 +20,7 @@ from engine.inputs.vision import VisionPrompter
 from engine.model.decoder import Decoder
 from engine.model.loading import load_model
 from engine.model.lora import load_adapters
+from engine.model.selection import build_decoder
 from engine.request import EngineRequest, RequestOutput
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.grammar import GrammarCompilerCache
@@ -53,6 +54,9 @@ class EngineConfig:
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
     grammar_budget_s: float = 5.0  # the longest a request's grammar may compile before it is refused (400)
     cuda_graphs: bool = True  # on a GPU, replay decode steps from captured CUDA graphs (engine.runner.cuda_graphs)
+    model_impl: str = "auto"  # auto | fused | transformers (engine.model.selection)
+    chat_template: str | None = None  # Jinja chat template replacing the tokenizer's (a base model has none)
+    stop_tokens: list[str] | None = None  # token strings that end a candidate like EOS (e.g. <end_of_turn>)
 
 
 def _resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -75,11 +79,17 @@ class LLMEngine:
         model, self.tokenizer, processor = loaded or load_model(config.model_path, _resolve_dtype(config),
                                                                 config.device)
         self.model = model
-        decoder = Decoder(model, config.max_len)
+        if config.chat_template:
+            self.tokenizer.chat_template = config.chat_template
+        decoder = build_decoder(model, config.model_impl, config.max_len)
+        fused = isinstance(decoder, Decoder)
+        if config.lora_paths and not fused:
+            raise ValueError("LoRA adapters (lora_paths) are served on the fused forward only; this model runs on "
+                             "the transformers path")
         if processor is not None:
             self.vision = VisionPrompter(model, processor, self.tokenizer, decoder.embed)
         self.runner = ModelRunner(decoder, config.max_slots, config.max_len,
-                                  load_adapters(model, config.lora_paths or {}), on_gpu and config.cuda_graphs)
+                                  load_adapters(model, config.lora_paths or {}), on_gpu and config.cuda_graphs and fused)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.scheduler = Scheduler(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
                                    config.kv_budget_tokens, config.prefix_cache_tokens)
@@ -104,6 +114,11 @@ class LLMEngine:
                 ids.add(source)
             elif isinstance(source, list):
                 ids.update(source)
+        for token in self.config.stop_tokens or []:
+            token_id = self.tokenizer.convert_tokens_to_ids(token)
+            if not isinstance(token_id, int) or token_id == self.tokenizer.unk_token_id:
+                raise ValueError(f"stop token {token!r} is not in this model's vocabulary")
+            ids.add(token_id)
         return ids
 
     # -- request API ---------------------------------------------------------------------------

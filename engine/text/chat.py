@@ -61,6 +61,9 @@ def render_chat(
     The two flags are for `/tokenize` (vLLM's options); a generation always opens the assistant's turn."""
     if not messages:
         raise invalid("messages must not be empty", "messages")
+    if not getattr(tokenizer, "chat_template", None):
+        raise invalid("this model has no chat template (a base model): send the text as a prompt to /v1/completions "
+                      "or native generate instead", "messages")
     guard = ControlTokenGuard(tokenizer)
     messages, tools, template_kwargs = guard.hide(messages), guard.hide(tools), guard.hide(template_kwargs)
     native_tools = bool(tools) and _template_supports_tools(tokenizer)

@@ -77,6 +77,11 @@ def _cache_path(name: str) -> str:
     return str(Path(cache) / name)
 
 
+def _read_model_file(model_dir: str, name: str) -> str:
+    with open(os.path.join(model_dir, name), encoding="utf-8") as f:
+        return f.read()
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
@@ -99,6 +104,11 @@ class TritonPythonModel:
                 grammar_budget_s=float(p.get("grammar_compile_budget_s", "5")),
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
+                model_impl=p.get("model_impl", "auto"),
+                # a file in the model's folder (args["model_repository"] is that folder)
+                chat_template=_read_model_file(args["model_repository"], p["chat_template"])
+                if p.get("chat_template") else None,
+                stop_tokens=[t for t in p.get("stop_tokens", "").split(",") if t] or None,
             )
         )
         self.defaults = json.loads(p.get("default_sampling") or "{}")

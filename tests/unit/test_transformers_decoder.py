@@ -33,7 +33,7 @@ def gemma():
     with torch.inference_mode():
         reference = model(torch.tensor([ids])).logits[0].float()
         short = model(torch.tensor([ids[:40]])).logits[0].float()
-    from engine.transformers_decoder import TransformersDecoder
+    from engine.model.transformers_decoder import TransformersDecoder
 
     decoder = TransformersDecoder(model, max_slots=4, max_len=1024)
     return decoder, ids, reference, short
@@ -66,7 +66,7 @@ def test_batched_rows_at_different_positions_equal_hf(gemma):
 
 
 def test_unsupported_models_are_refused_at_load_naming_the_feature():
-    from engine.transformers_decoder import unsupported_features
+    from engine.model.transformers_decoder import transformers_path_gaps
 
     class Config:
         use_bidirectional_attention = True
@@ -75,6 +75,35 @@ def test_unsupported_models_are_refused_at_load_naming_the_feature():
     class NoInterface(torch.nn.Module):
         config = Config()
 
-    problems = unsupported_features(NoInterface())
+    problems = transformers_path_gaps(NoInterface())
     assert any("attention interface" in p for p in problems)
     assert any("bidirectional" in p for p in problems)
+
+
+def test_fused_and_transformers_paths_agree_on_smollm2():
+    """`auto` picks the fused forward for Llama only because it is exact there: both paths give the same logits."""
+    smollm2 = GEMMA_DIR.parent / "SmolLM2-135M-Instruct"
+    if not (smollm2 / "config.json").exists():
+        pytest.skip("SmolLM2 not prepared (run `make model`)")
+    from transformers import AutoModelForCausalLM
+
+    from engine.model.selection import build_decoder
+
+    ids = list(range(100, 170))
+    decoders = [build_decoder(AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval(), impl, 2, 128)
+                for impl in ("auto", "transformers")]
+    assert [type(d).__name__ for d in decoders] == ["DecoderForward", "TransformersDecoder"]
+    prefill = [d.prefill(0, ids[:60], 0) for d in decoders]
+    _close(prefill[0], prefill[1])
+    for d in decoders:
+        d.cache.copy_slot(0, 1, 60)
+    steps = [d.decode(ids[60:62], [60, 60]) for d in decoders]
+    _close(steps[0], steps[1])
+
+
+def test_forcing_the_fused_path_on_gemma_names_what_it_lacks(gemma):
+    decoder, *_ = gemma
+    from engine.model.selection import build_decoder
+
+    with pytest.raises(ValueError, match="Gemma3ForCausalLM"):
+        build_decoder(decoder.model, "fused", 2, 64)

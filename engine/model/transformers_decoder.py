@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import KVCache
-from engine.model_loading import language_model
+from engine.model.kv_cache import KVCache
+from engine.model.loading import language_model
 from engine.staging import stage
 
 ATTENTION_NAME = "sie_kv"
@@ -138,7 +138,7 @@ def register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, cached_attention)
 
 
-def unsupported_features(hf_model: torch.nn.Module) -> list[str]:
+def transformers_path_gaps(hf_model: torch.nn.Module) -> list[str]:
     """What this path cannot run exactly, by name (empty: it can)."""
     config = hf_model.config
     problems = []
@@ -162,7 +162,7 @@ class TransformersDecoder:
     """
 
     def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
-        problems = unsupported_features(hf_model)
+        problems = transformers_path_gaps(hf_model)
         if problems:
             raise ValueError("the transformers model path cannot serve this model exactly: " + "; ".join(problems))
         register_attention()

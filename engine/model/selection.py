@@ -1,0 +1,43 @@
+"""Which forward serves a model: the fused fast path where it is exact, else transformers' own modeling code.
+
+`model_impl` in the profile: `auto` (default) picks the fused forward for the architectures it knows and whose
+declared features it computes (engine.model.loading.unsupported_features), and the transformers path
+otherwise; `fused` and `transformers` force one. A model the chosen path cannot run exactly is refused at load
+with the feature named, never served wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.model.decoder import SUPPORTED_ARCHITECTURES, DecoderForward
+from engine.model.loading import language_model, unsupported_features
+from engine.model.transformers_decoder import TransformersDecoder
+
+log = logging.getLogger(__name__)
+
+MODEL_IMPLS = ("auto", "fused", "transformers")
+
+
+def fused_path_gaps(hf_model: torch.nn.Module, max_len: int) -> list[str]:
+    """What the fused forward would get wrong for this model, by name (empty: it is exact)."""
+    config, inner, arch = language_model(hf_model)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        return [f"architecture {arch}"]
+    return unsupported_features(config, inner, max_len)
+
+
+def build_decoder(hf_model: torch.nn.Module, impl: str, max_slots: int, max_len: int
+                  ) -> DecoderForward | TransformersDecoder:
+    if impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, not {impl!r}")
+    if impl != "transformers":
+        gaps = fused_path_gaps(hf_model, max_len)
+        if not gaps:
+            return DecoderForward(hf_model, max_slots, max_len)
+        if impl == "fused":
+            raise ValueError("model_impl fused cannot run this model exactly: " + "; ".join(gaps))
+        log.info("serving with transformers' modeling code; the fused forward lacks: %s", "; ".join(gaps))
+    return TransformersDecoder(hf_model, max_slots, max_len)
