@@ -67,6 +67,7 @@ export SIE_MKL_INTEL_KERNELS = $(MKL_INTEL)
 
 bench: model  ## engine and gateway benchmarks (ratios measured side by side)
 	$(BENCH_PRELOAD) $(PY) -m bench.engine
+	$(BENCH_PRELOAD) $(PY) -m bench.gemma
 	$(PY) -m bench.gateway
 
 # vLLM's CPU build side by side (issue 13): its own venv under .cache/vllm-peer (never a project dependency);

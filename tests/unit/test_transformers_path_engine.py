@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from engine.sampling_params import GrammarRequest, SamplingParams  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
+from engine.sampling_params import GrammarRequest, SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GEMMA_DIR = Path(os.environ.get("SIE_MODEL_CACHE") or REPO / ".cache" / "models") / "gemma-3-270m"
