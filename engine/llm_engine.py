@@ -88,8 +88,9 @@ class LLMEngine:
                              "the transformers path")
         if processor is not None:
             self.vision = VisionPrompter(model, processor, self.tokenizer, decoder.embed)
+        graphs = on_gpu and config.cuda_graphs and fused  # captured for the fused forward only
         self.runner = ModelRunner(decoder, config.max_slots, config.max_len,
-                                  load_adapters(model, config.lora_paths or {}), on_gpu and config.cuda_graphs and fused)
+                                  load_adapters(model, config.lora_paths or {}), graphs)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.scheduler = Scheduler(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
                                    config.kv_budget_tokens, config.prefix_cache_tokens)

@@ -12,13 +12,14 @@ import logging
 
 import torch
 
-from engine.model.decoder import SUPPORTED_ARCHITECTURES, DecoderForward
+from engine.model.decoder import SUPPORTED_ARCHITECTURES, Decoder
 from engine.model.loading import language_model, unsupported_features
 from engine.model.transformers_decoder import TransformersDecoder
 
 log = logging.getLogger(__name__)
 
 MODEL_IMPLS = ("auto", "fused", "transformers")
+AnyDecoder = Decoder | TransformersDecoder  # one interface: new_cache, prefill, prefill_batch, decode_hidden, logits
 
 
 def fused_path_gaps(hf_model: torch.nn.Module, max_len: int) -> list[str]:
@@ -29,15 +30,14 @@ def fused_path_gaps(hf_model: torch.nn.Module, max_len: int) -> list[str]:
     return unsupported_features(config, inner, max_len)
 
 
-def build_decoder(hf_model: torch.nn.Module, impl: str, max_slots: int, max_len: int
-                  ) -> DecoderForward | TransformersDecoder:
+def build_decoder(hf_model: torch.nn.Module, impl: str, max_len: int) -> AnyDecoder:
     if impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, not {impl!r}")
     if impl != "transformers":
         gaps = fused_path_gaps(hf_model, max_len)
         if not gaps:
-            return DecoderForward(hf_model, max_slots, max_len)
+            return Decoder(hf_model, max_len)
         if impl == "fused":
             raise ValueError("model_impl fused cannot run this model exactly: " + "; ".join(gaps))
         log.info("serving with transformers' modeling code; the fused forward lacks: %s", "; ".join(gaps))
-    return TransformersDecoder(hf_model, max_slots, max_len)
+    return TransformersDecoder(hf_model, max_len)

@@ -155,72 +155,108 @@ def transformers_path_gaps(hf_model: torch.nn.Module) -> list[str]:
     return problems
 
 
+LOGIT_CAP_FIELDS = ("final_logit_softcapping",)  # applied here as the model's own head does (Gemma 2/3)
+
+
 class TransformersDecoder:
-    """Prefill and batched decode through the model's own transformers code; rows are KV cache slots.
+    """Prefill and batched decode through the model's own transformers code, on a KV cache passed in.
 
-    The same interface as the fused `DecoderForward`, so the scheduler cannot tell them apart.
-    """
+    The fused `Decoder`'s interface (engine.model.decoder), so the runner and the scheduler cannot tell them
+    apart. `max_len` is unused (no RoPE tables of ours: the model computes its own)."""
 
-    def __init__(self, hf_model: torch.nn.Module, max_slots: int, max_len: int) -> None:
+    def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
         problems = transformers_path_gaps(hf_model)
         if problems:
             raise ValueError("the transformers model path cannot serve this model exactly: " + "; ".join(problems))
         register_attention()
-        hf_model.set_attn_implementation(ATTENTION_NAME)
         config, inner, _ = language_model(hf_model)
         self.model = hf_model
+        self.base = hf_model.get_decoder()  # embeddings, layers and final norm: hidden states out
+        self.head = hf_model.get_output_embeddings()
         self.config = config
         self.n_kv = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.vocab_size = config.vocab_size
+        self.hidden_size = config.hidden_size
+        self.logit_cap = getattr(config, "final_logit_softcapping", None)
         param = next(hf_model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.embed = inner.embed_tokens.weight.detach()
-        self.cache = KVCache(config.num_hidden_layers, max_slots, self.n_kv, max_len, self.head_dim, self.dtype,
-                             self.device)
-        self.adapters: dict = {}  # LoRA is served on the fused path only (rejected at load here)
-        self.graphs = None
         self.linear_kind = "torch"
+        self._check_against_the_models_own_forward()
 
-    def _run(self, ids: torch.Tensor, step: AttentionStep, keep: torch.Tensor,
-             embeds: torch.Tensor | None = None) -> torch.Tensor:
-        inputs = {"inputs_embeds": embeds[None]} if embeds is not None else {"input_ids": ids[None]}
-        out = self.model(**inputs, position_ids=step.positions[None], use_cache=False, logits_to_keep=keep,
-                         sie_step=step)
-        return out.logits[0].float()
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions, every layer."""
+        return KVCache(self.config.num_hidden_layers, slots, self.n_kv, max_len, self.head_dim, self.dtype,
+                       self.device)
 
     @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
+    def _check_against_the_models_own_forward(self) -> None:
+        """Refuse a model whose causal-LM head does more than `lm_head` + soft-capping (a logit scale, say):
+        our hidden-states-then-head split would serve it wrong. One short forward each way, at load."""
+        ids = torch.arange(3, 11, device=self.device)
+        self.model.set_attn_implementation("sdpa" if self.model._supports_sdpa else "eager")
+        try:
+            expected = self.model(ids[None], use_cache=False).logits[0, -1].float()
+        finally:
+            self.model.set_attn_implementation(ATTENTION_NAME)
+        ours = self.prefill(self.new_cache(1, len(ids)), 0, ids.tolist(), 0)
+        if not torch.allclose(ours, expected, atol=1e-3 * max(1.0, expected.abs().max().item()), rtol=1e-3):
+            raise ValueError(f"{type(self.model).__name__}: the transformers path's logits differ from the model's "
+                             "own forward (its head post-processes logits in a way this path does not know)")
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final-normed hidden states [N, hidden] -> [N, V] float32 logits."""
+        out = self.head(hidden).float()
+        if self.logit_cap:
+            out = torch.tanh(out / self.logit_cap) * self.logit_cap
+        return out
+
+    def _hidden(self, ids: torch.Tensor, step: AttentionStep, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        inputs = {"inputs_embeds": embeds[None]} if embeds is not None else {"input_ids": ids[None]}
+        out = self.base(**inputs, position_ids=step.positions[None], use_cache=False, sie_step=step)
+        return out.last_hidden_state[0]
+
+    @staticmethod
+    def _no_lora(lora) -> None:
+        if lora:  # refused at load (engine.llm_engine); a row reaching here would run without its adapter
+            raise ValueError("LoRA adapters are served on the fused forward only")
+
+    @torch.inference_mode()
+    def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora=None,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+        self._no_lora(lora)
         n = len(token_ids)
         ids = stage(token_ids, torch.long, self.device)
         positions = torch.arange(start, start + n, device=self.device)
         slots = torch.full((n,), slot, dtype=torch.long, device=self.device)
-        step = AttentionStep(self.cache, slots, positions, [Segment(slot, start, n, 0)])
-        keep = torch.tensor([n - 1], device=self.device)
-        return self._run(ids, step, keep, embeds.to(self.device) if embeds is not None else None)[0]
+        step = AttentionStep(cache, slots, positions, [Segment(slot, start, n, 0)])
+        hidden = self._hidden(ids, step, embeds.to(self.device) if embeds is not None else None)
+        return self.logits(hidden[-1:])[0]
 
     @torch.inference_mode()
-    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
+    def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]], lora=None) -> torch.Tensor:
         """Whole prompts of several new sequences in one packed forward; returns [k, V] last logits."""
+        self._no_lora(lora)
         segments, offset = [], 0
         for slot, prompt in zip(slots, prompts, strict=True):
             segments.append(Segment(slot, 0, len(prompt), offset))
             offset += len(prompt)
         table = stage([[t for p in prompts for t in p],
                        [s.slot for s in segments for _ in range(s.length)],
-                       [i for p in prompts for i in range(len(p))]], torch.long, self.device)
-        step = AttentionStep(self.cache, table[1], table[2], segments)
-        keep = stage([s.offset + s.length - 1 for s in segments], torch.long, self.device)
-        return self._run(table[0], step, keep)
+                       [i for p in prompts for i in range(len(p))],
+                       [s.offset + s.length - 1 for s in segments] + [0] * (offset - len(segments))],
+                      torch.long, self.device)
+        step = AttentionStep(cache, table[1], table[2], segments)
+        return self.logits(self._hidden(table[0], step)[table[3, :len(segments)]])
 
     @torch.inference_mode()
-    def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None
-               ) -> torch.Tensor:
-        """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
-        inputs = stage([token_ids, positions], torch.long, self.device)
-        b = len(token_ids)
-        rows = torch.arange(b, device=self.device)
-        step = AttentionStep(self.cache, rows, inputs[1], None, span=max(positions) + 1)
-        return self._run(inputs[0], step, rows)
+    def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
+                      lora=None, masked: bool = True) -> torch.Tensor:
+        """One decode step for slots 0..B-1 on device tensors (row i feeds its token at its position); returns
+        the final-normed hidden states [B, hidden]. Each row always attends to its own prefix (and window)."""
+        self._no_lora(lora)
+        rows = torch.arange(token_tensor.shape[0], device=self.device)
+        step = AttentionStep(cache, rows, positions_t, None, span=span)
+        return self._hidden(token_tensor, step)

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.decoder import Decoder
 from engine.model.kv_cache import KVCache
 from engine.model.lora import AdapterTable, LoraBatch
+from engine.model.selection import AnyDecoder
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.staging import stage
 
 
 class ModelRunner:
-    def __init__(self, decoder: Decoder, slots: int, max_len: int, adapters: AdapterTable | None = None,
+    def __init__(self, decoder: AnyDecoder, slots: int, max_len: int, adapters: AdapterTable | None = None,
                  cuda_graphs: bool = False, capture: bool | None = None) -> None:
         """`cuda_graphs`: replay decode steps from graphs (`capture=False` runs the same padded, bucketed
         step eagerly, which is how the CPU tests check it; None: capture on CUDA)."""

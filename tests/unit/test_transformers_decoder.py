@@ -34,9 +34,10 @@ def gemma():
         reference = model(torch.tensor([ids])).logits[0].float()
         short = model(torch.tensor([ids[:40]])).logits[0].float()
     from engine.model.transformers_decoder import TransformersDecoder
+    from engine.runner.model_runner import ModelRunner
 
-    decoder = TransformersDecoder(model, max_slots=4, max_len=1024)
-    return decoder, ids, reference, short
+    runner = ModelRunner(TransformersDecoder(model, max_len=1024), slots=4, max_len=1024)
+    return runner, ids, reference, short
 
 
 def _close(ours, theirs):
@@ -44,23 +45,23 @@ def _close(ours, theirs):
 
 
 def test_chunked_prefill_then_decode_past_the_window_equals_hf(gemma):
-    decoder, ids, reference, _ = gemma
+    runner, ids, reference, _ = gemma
     # chunks of 200: the third attends to a cached prefix with the sliding layers' window cutting into it
     for start, end in ((0, 200), (200, 400), (400, 560)):
-        _close(decoder.prefill(1, ids[start:end], start), reference[end - 1])
-    decoder.cache.copy_slot(1, 0, 560)
+        _close(runner.prefill(1, ids[start:end], start), reference[end - 1])
+    runner.cache.copy_slot(1, 0, 560)
     for pos in range(560, 600):  # each decode step reads past the 512 window
-        _close(decoder.decode([ids[pos]], [pos])[0], reference[pos])
+        _close(runner.decode([ids[pos]], [pos])[0], reference[pos])
 
 
 def test_batched_rows_at_different_positions_equal_hf(gemma):
-    decoder, ids, reference, short = gemma
+    runner, ids, reference, short = gemma
     # row 0: the long sequence past the window; row 1: a short prompt, batched prefill beside another one
-    decoder.prefill(0, ids[:590], 0)
-    logits = decoder.prefill_batch([1, 2], [ids[:39], ids[:20]], [None, None])
+    runner.prefill(0, ids[:590], 0)
+    logits = runner.prefill_batch([1, 2], [ids[:39], ids[:20]], [None, None])
     _close(logits[0], short[38])
     _close(logits[1], short[19])
-    step = decoder.decode([ids[590], ids[39]], [590, 39])
+    step = runner.decode([ids[590], ids[39]], [590, 39])
     _close(step[0], reference[590])
     _close(step[1], short[39])
 
@@ -88,22 +89,24 @@ def test_fused_and_transformers_paths_agree_on_smollm2():
     from transformers import AutoModelForCausalLM
 
     from engine.model.selection import build_decoder
+    from engine.runner.model_runner import ModelRunner
 
     ids = list(range(100, 170))
-    decoders = [build_decoder(AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval(), impl, 2, 128)
+    decoders = [build_decoder(AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval(), impl, 128)
                 for impl in ("auto", "transformers")]
-    assert [type(d).__name__ for d in decoders] == ["DecoderForward", "TransformersDecoder"]
-    prefill = [d.prefill(0, ids[:60], 0) for d in decoders]
+    assert [type(d).__name__ for d in decoders] == ["Decoder", "TransformersDecoder"]
+    runners = [ModelRunner(d, 2, 128) for d in decoders]
+    prefill = [r.prefill(0, ids[:60], 0) for r in runners]
     _close(prefill[0], prefill[1])
-    for d in decoders:
-        d.cache.copy_slot(0, 1, 60)
-    steps = [d.decode(ids[60:62], [60, 60]) for d in decoders]
+    for r in runners:
+        r.cache.copy_slot(0, 1, 60)
+    steps = [r.decode(ids[60:62], [60, 58]) for r in runners]  # rows at different positions: masked attention
     _close(steps[0], steps[1])
 
 
 def test_forcing_the_fused_path_on_gemma_names_what_it_lacks(gemma):
-    decoder, *_ = gemma
+    runner, *_ = gemma
     from engine.model.selection import build_decoder
 
     with pytest.raises(ValueError, match="Gemma3ForCausalLM"):
-        build_decoder(decoder.model, "fused", 2, 64)
+        build_decoder(runner.decoder.model, "fused", 64)

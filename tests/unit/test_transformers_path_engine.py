@@ -31,7 +31,7 @@ def gemma_engine():
     if not (GEMMA_DIR / "config.json").exists():
         pytest.skip(f"Gemma 3 not prepared at {GEMMA_DIR} (run `make model`)")
     engine = LLMEngine(EngineConfig(str(GEMMA_DIR), max_slots=6, max_len=512, threads=2, prefix_cache_tokens=1024))
-    assert type(engine.forward).__name__ == "TransformersDecoder"  # `auto` picks the generic path for Gemma
+    assert type(engine.runner.decoder).__name__ == "TransformersDecoder"  # `auto` picks the generic path for Gemma
     engine.start()
     yield engine
     engine.stop()
