@@ -15,4 +15,4 @@ if _paths:
         site.addsitedir(_path)
     sys.path[:] = [p for p in sys.path if p not in _before] + _before
 
-from engine.triton_model import TritonPythonModel  # noqa: E402,F401  (the backend looks this name up)
+from engine.triton.model import TritonPythonModel  # noqa: E402,F401  (the backend looks this name up)
