@@ -93,9 +93,9 @@ class LLMEngine:
                                   load_adapters(model, config.lora_paths or {}), graphs)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.scheduler = Scheduler(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
-                                   config.kv_budget_tokens, config.prefix_cache_tokens)
-        self.scheduler.postprocess = OutputPostprocessor(self.tokenizer).for_sequence
-        self.scheduler.reasoning = config.reasoning
+                                   config.kv_budget_tokens, config.prefix_cache_tokens,
+                                   postprocess=OutputPostprocessor(self.tokenizer).for_sequence,
+                                   reasoning=config.reasoning)
         self.grammars = GrammarCompilerCache(self.tokenizer, decoder.vocab_size, self.sampler.stop_token_set,
                                              config.grammar_budget_s)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
@@ -255,9 +255,9 @@ class LLMEngine:
 
     def _fail_everything(self) -> None:
         error = EngineError("inference_error", "the engine failed; retry the request")
-        groups = list(self.scheduler.waiting) + [s.group for s in self.scheduler.decoding]
-        if self.scheduler.prefilling is not None:
-            groups.append(self.scheduler.prefilling)
+        groups = list(self.scheduler.waiting) + [s.group for s in self.scheduler.slots.decoding]
+        if self.scheduler.slots.prefilling is not None:
+            groups.append(self.scheduler.slots.prefilling)
         for group in {id(g): g for g in groups}.values():
             if not group.sent_final:
                 group.emit(RequestOutput("", 0, "", "error", final=True, error=error))

@@ -2,8 +2,8 @@
 
 Text release (stop strings, stop token ids, reasoning split), logprob entries, streamed deltas, and
 the closing of finished candidates (ranked for best_of). The Scheduler owns one `OutputStage` and
-calls it after each sampling step; the stage calls back `on_group_done` when a request's last
-candidate has closed, so the scheduler can drop its KV reservation.
+calls it after each sampling step; `close_finished` says when a request's last candidate has closed,
+so the scheduler can drop its KV reservation. Whether a candidate stopped is `check_stop`'s call.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.stats import EngineStats
+from engine.core.stop import check_stop
 from engine.errors import EngineError
 from engine.request import RequestOutput
 from engine.text.token_text import TokenText
@@ -23,12 +24,11 @@ Postprocess = Callable[[Sequence], dict[str, Any]]
 
 class OutputStage:
     def __init__(self, tokenizer: Any, eos_ids: frozenset[int], stats: EngineStats,
-                 on_group_done: Callable[[SequenceGroup], None]) -> None:
+                 postprocess: Postprocess | None = None) -> None:
         self.token_text = TokenText(tokenizer)
         self.eos_ids = eos_ids
         self.stats = stats
-        self.on_group_done = on_group_done
-        self.postprocess: Postprocess | None = None  # hook(seq) -> extra closing fields, set by the engine
+        self.postprocess = postprocess  # hook(seq) -> extra closing fields (tool calls, strict grammars)
 
     def advance(self, seq: Sequence, token: int, logprob: float, top) -> None:
         """Append one sampled token to the candidate and decide whether it has finished."""
@@ -39,20 +39,11 @@ class OutputStage:
         seq.record_token(token, logprob)
         if params.logprobs:
             seq.unsent_logprobs.append(self._logprob_entry(token, logprob, top))
-        if token in params.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif token in self.eos_ids and (not params.ignore_eos or seq.grammar is not None):
-            # ignore_eos never keeps a candidate going that its grammar has ended
-            seq.finish_reason = "stop"
-        else:
-            # min_tokens holds back stop strings too, as it does EOS and stop ids (in the sampler)
-            self._add_text(seq, seq.detok.add_token(token, check_stop=len(seq.output_ids) >= params.min_tokens))
-            if seq.detok.matched_stop is not None:
-                seq.finish_reason, seq.stop_reason = "stop", seq.detok.matched_stop
-            elif seq.grammar is not None and seq.grammar.is_terminated():
-                seq.finish_reason = "stop"
-            elif len(seq.output_ids) >= params.max_tokens:
-                seq.finish_reason = "length"
+        finish_reason, stop_reason, text = check_stop(seq, token, self.eos_ids)
+        if text:
+            self._add_text(seq, text)
+        if finish_reason is not None:
+            seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
         if seq.finished:
             self._add_text(seq, "" if seq.detok.matched_stop is not None else seq.detok.flush(), final=True)
 
@@ -109,14 +100,15 @@ class OutputStage:
         seq.unsent_logprobs = []
         seq.group.emit(out)
 
-    def maybe_finish_group(self, group: SequenceGroup) -> None:
-        """Close finished candidates (each with its finish_reason); the last closure is final."""
+    def close_finished(self, group: SequenceGroup) -> bool:
+        """Close finished candidates (each with its finish_reason); the last closure is final. True when it
+        was: the request is done and its KV reservation can go."""
         if group.sent_final:
-            return
+            return False
         remaining = [s for s in group.sequences if not s.finished]
         if group.buffered:
             if remaining:
-                return
+                return False
             closing = sorted(group.sequences, key=lambda s: s.cum_logprob, reverse=True)[: group.params.n]
             for new_index, seq in enumerate(closing):
                 seq.index = new_index
@@ -133,7 +125,7 @@ class OutputStage:
             reason = closing[-1].finish_reason if closing else None
             self.stats.finish(reason or "stop")
             self.stats.observe("e2e_request_latency", time.monotonic() - group.request.arrival)
-            self.on_group_done(group)
+        return not remaining
 
     def _timing(self, group: SequenceGroup, seq: Sequence) -> dict[str, float]:
         if group.first_token_at is None:

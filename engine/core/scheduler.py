@@ -1,10 +1,8 @@
 """Iteration-level continuous batching: admit, prefill (token-budgeted), decode, retire.
 
-Invariant: decoding sequences occupy KV slots 0..B-1 in `self.decoding` order, and a request in
-prefill holds slot B (its first candidate). A retiring sequence's slot is filled by the last row,
-so the decode step always reads plain views of the cache. New candidates are placed (every one of
-a step's prefilled requests) before any of them is sampled, so a candidate that finishes on its
-first token can only move rows that already sit at their own slot.
+KV slots and reservations live in the slot table (engine.core.slots, which states the slot invariant). New
+candidates are placed (every one of a step's prefilled requests) before any of them is sampled, so a candidate
+that finishes on its first token can only move rows that already sit at their own slot.
 
 Failures are kept to the request they belong to: a prefill, a row's forward (e.g. its adapter), a
 row's sampling step or its output handling fails that request with `inference_error` and the batch
@@ -16,14 +14,14 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-import random
 import time
 
 import torch
 
 from engine.core.output_processor import OutputStage, Postprocess
 from engine.core.prefix_cache import PrefixCache
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
+from engine.core.slots import SlotTable
 from engine.core.stats import EngineStats
 from engine.errors import EngineError, is_device_fault, request_error
 from engine.request import EngineRequest, RequestOutput
@@ -36,33 +34,22 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 512,
-                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0) -> None:
+                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0,
+                 postprocess: Postprocess | None = None, reasoning: bool = False) -> None:
+        """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks); `reasoning`:
+        the model thinks in <think>...</think> (its profile says so)."""
         self.runner = runner
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.prefill_budget = prefill_budget
-        self.max_slots = runner.cache.slots
-        self.max_len = runner.cache.max_len
-        # admission control on KV memory: running requests reserve width x (prompt + max_tokens) positions
-        self.kv_budget = kv_budget_tokens or self.max_slots * self.max_len
-        self.reserved = 0
+        self.slots = SlotTable(runner.cache, kv_budget_tokens)
+        self.max_slots, self.max_len, self.kv_budget = self.slots.max_slots, self.slots.max_len, self.slots.kv_budget
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
-        self.prefilling: SequenceGroup | None = None
-        self.decoding: list[Sequence] = []
         self.stats = EngineStats(kv_budget=self.kv_budget)
-        self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, self._release)
+        self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, postprocess)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
         self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
-        self.reasoning = False  # the model declares reasoning (profile); set by the engine
-
-    @property
-    def postprocess(self) -> Postprocess | None:
-        """Hook(seq) -> extra closing fields (tool calls, strict-grammar checks), set by the engine."""
-        return self.outputs.postprocess
-
-    @postprocess.setter
-    def postprocess(self, hook: Postprocess | None) -> None:
-        self.outputs.postprocess = hook
+        self.reasoning = reasoning
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -110,12 +97,8 @@ class Scheduler:
             )
         self.waiting.append(group)
 
-    def _fits(self, group: SequenceGroup, slots_in_use: int, reserved: int) -> bool:
-        return slots_in_use + group.params.width <= self.max_slots and reserved + group.kv_need <= self.kv_budget
-
     def _admit(self, group: SequenceGroup) -> None:
-        self.reserved += group.kv_need
-        group.admitted = True
+        self.slots.reserve(group)
         if group.admitted_at is None:  # once: a single short prompt is admitted again on the chunked path
             group.admitted_at = time.monotonic()
             self.stats.observe("request_queue_time", group.admitted_at - group.request.arrival)
@@ -123,34 +106,29 @@ class Scheduler:
             if self.prefix_cache is not None:
                 self.stats.prefix_queries += len(group.request.prompt_ids)
 
-    def _release(self, group: SequenceGroup) -> None:
-        if group.admitted:
-            group.admitted = False
-            self.reserved -= group.kv_need
-
     @property
     def queue_depth(self) -> int:
         return len(self.waiting)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding)
+        return bool(self.waiting) or self.slots.busy()
 
     # -- one iteration -------------------------------------------------------------------------
 
     def step(self) -> None:
         self._reap_cancelled()
         self._prefill()
-        if self.decoding:
+        if self.slots.decoding:
             self._decode()
-        self.stats.running = len({id(s.group) for s in self.decoding}) + (self.prefilling is not None)
-        self.stats.kv_reserved = self.reserved
+        self.stats.running = len({id(s.group) for s in self.slots.decoding}) + (self.slots.prefilling is not None)
+        self.stats.kv_reserved = self.slots.reserved
         if not self.has_work():
-            self.runner.cache.release_all()  # idle: whatever a failed prefill or fork left, give it back
+            self.slots.release_all()
 
     def _reap_cancelled(self) -> None:
-        groups = {id(s.group): s.group for s in self.decoding}
-        if self.prefilling is not None:
-            groups[id(self.prefilling)] = self.prefilling
+        groups = {id(s.group): s.group for s in self.slots.decoding}
+        if self.slots.prefilling is not None:
+            groups[id(self.slots.prefilling)] = self.slots.prefilling
         for group in list(self.waiting) + list(groups.values()):
             check = group.request.is_cancelled
             if check is not None and check():
@@ -160,13 +138,10 @@ class Scheduler:
         """Drop a request wherever it is, free its slots, and end it with one final output."""
         if group in self.waiting:
             self.waiting.remove(group)
-        if self.prefilling is group:
-            self.prefilling = None
-            if group.sequences[0].slot >= 0:
-                self.runner.cache.release(group.sequences[0].slot)  # its partial prompt
-        for seq in [s for s in self.decoding if s.group is group]:
+        self.slots.drop_prefill(group)
+        for seq in [s for s in self.slots.decoding if s.group is group]:
             self._retire(seq)
-        self._release(group)
+        self.slots.release(group)
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
@@ -179,7 +154,7 @@ class Scheduler:
             self.abort(group, "error", error)
 
     def _new_parent(self, group: SequenceGroup) -> Sequence:
-        parent = Sequence(group, 0, self._generator(group, 0), self.tokenizer)
+        parent = Sequence(group, 0, candidate_generator(group.params.seed, 0), self.tokenizer)
         if group.request.grammar is not None:
             parent.grammar = group.request.grammar()
         group.sequences = [parent]
@@ -190,10 +165,10 @@ class Scheduler:
     def _take_short_prompts(self, budget: int) -> list[SequenceGroup]:
         """Waiting requests whose whole prompt fits the step's budget (FIFO), for one batched prefill."""
         batch: list[SequenceGroup] = []
-        slots, reserved = len(self.decoding), self.reserved
+        slots, reserved = len(self.slots.decoding), self.slots.reserved
         for group in self.waiting:
             size = len(group.request.prompt_ids)
-            if size > budget or group.request.prompt_embeds is not None or not self._fits(group, slots, reserved):
+            if size > budget or group.request.prompt_embeds is not None or not self.slots.fits(group, slots, reserved):
                 break
             if self.prefix_cache is not None and self.prefix_cache.lookup(group.request.prompt_ids,
                                                                           self._cache_salt(group), touch=False):
@@ -209,7 +184,7 @@ class Scheduler:
 
     def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
         """Several short prompts in one forward: a step's cost is mostly reading the weights once."""
-        slot = len(self.decoding)
+        slot = len(self.slots.decoding)
         for group in groups:
             self._new_parent(group).slot = slot
             slot += group.params.width  # its n/best_of children take the slots right after it
@@ -238,7 +213,7 @@ class Scheduler:
     def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
         """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails
         (e.g. their adapter) fail. Slots are handed out again over the survivors only."""
-        slot = len(self.decoding)
+        slot = len(self.slots.decoding)
         survivors: list[tuple[SequenceGroup, torch.Tensor]] = []
         for group in groups:
             prompt = group.request.prompt_ids
@@ -259,28 +234,28 @@ class Scheduler:
 
     def _prefill(self) -> None:
         budget = self.prefill_budget
-        if self.prefilling is None:
+        if self.slots.prefilling is None:
             batch = self._take_short_prompts(budget)
             if len(batch) > 1:
                 self._prefill_batch(batch)
                 return
             for group in batch:  # a single prompt takes the (chunkable) path below
-                self._release(group)
+                self.slots.release(group)
                 self.waiting.appendleft(group)
         while budget > 0:
-            if self.prefilling is None:
+            if self.slots.prefilling is None:
                 if not self.waiting:
                     return
                 group = self.waiting[0]
-                if not self._fits(group, len(self.decoding), self.reserved):
+                if not self.slots.fits(group, len(self.slots.decoding), self.slots.reserved):
                     return  # wait for slots / KV budget to free up
                 self.waiting.popleft()
                 self._admit(group)
-                self.prefilling = group
+                self.slots.prefilling = group
                 self._load_cached_prefix(group, self._new_parent(group))
-            group = self.prefilling
+            group = self.slots.prefilling
             parent = group.sequences[0]
-            parent.slot = len(self.decoding)
+            parent.slot = len(self.slots.decoding)
             prompt = group.request.prompt_ids
             chunk = prompt[group.prefilled : group.prefilled + budget]
             embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
@@ -298,7 +273,7 @@ class Scheduler:
             parent.kv_len = group.prefilled
             budget -= len(chunk)
             if group.prefilled == len(prompt):
-                self.prefilling = None
+                self.slots.prefilling = None
                 self._cache_prompt(group)
                 rows = self._place(group)
                 self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
@@ -319,7 +294,7 @@ class Scheduler:
     def _load_cached_prefix(self, group: SequenceGroup, parent: Sequence) -> None:
         if self.prefix_cache is None:
             return
-        parent.slot = len(self.decoding)
+        parent.slot = len(self.slots.decoding)
         rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group))
         group.prefilled = parent.kv_len = group.cached_tokens = self.prefix_cache.load(rows, parent.slot)
         self.stats.prefix_hits += group.cached_tokens
@@ -338,21 +313,18 @@ class Scheduler:
     def _place(self, group: SequenceGroup) -> list[Sequence]:
         """Fork the prefilled parent into its n/best_of candidates and append them to the decode rows."""
         parent = group.sequences[0]
-        for index in range(1, group.params.width):
-            child = parent.fork(index, self._generator(group, index), self.tokenizer)
-            child.slot = parent.slot + index
-            self.runner.cache.copy_slot(parent.slot, child.slot, parent.kv_len)
-            group.sequences.append(child)
-        self.decoding.extend(group.sequences)
+        children = [parent.fork(i, candidate_generator(group.params.seed, i), self.tokenizer)
+                    for i in range(1, group.params.width)]
+        rows = self.slots.place(group, children)
         group.first_token_at = time.monotonic()
         self.stats.observe("time_to_first_token", group.first_token_at - group.request.arrival)
         self.stats.observe("request_prefill_time", group.first_token_at - (group.admitted_at or group.request.arrival))
-        return list(group.sequences)
+        return rows
 
     # -- decode --------------------------------------------------------------------------------
 
     def _decode(self) -> None:
-        rows = list(self.decoding)
+        rows = list(self.slots.decoding)
         tokens = [s.output_ids[-1] for s in rows]
         positions = [s.kv_len for s in rows]
         adapters = [s.params.lora_adapter for s in rows]
@@ -426,7 +398,8 @@ class Scheduler:
                 self._cache_finished(seq)
                 self._retire(seq)
                 try:
-                    self.outputs.maybe_finish_group(seq.group)
+                    if self.outputs.close_finished(seq.group):
+                        self.slots.release(seq.group)
                 except Exception as exc:
                     log.exception("closing failed for %s", seq.group.request.request_id)
                     failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
@@ -435,31 +408,5 @@ class Scheduler:
         self.outputs.emit_stream_deltas(list(groups.values()))
 
     def _retire(self, seq: Sequence) -> None:
-        """Free the sequence's slot, moving the last row (and any prefill in progress) down."""
-        if seq not in self.decoding:
-            return
-        self.sampler.counts.release(seq)
-        cache = self.runner.cache
-        index = self.decoding.index(seq)
-        last = len(self.decoding) - 1
-        if index != last:
-            moved = self.decoding[last]
-            cache.copy_slot(last, index, moved.kv_len)
-            cache.release(index, moved.kv_len)  # the retired sequence may have reached further
-            moved.slot = index
-            self.decoding[index] = moved
-        self.decoding.pop()
-        vacated = last
-        if self.prefilling is not None and self.prefilling.prefilled > 0:
-            parent = self.prefilling.sequences[0]
-            cache.copy_slot(parent.slot, len(self.decoding), parent.kv_len)
-            cache.release(len(self.decoding), parent.kv_len)
-            vacated, parent.slot = parent.slot, len(self.decoding)
-        cache.release(vacated)
-
-    def _generator(self, group: SequenceGroup, index: int) -> torch.Generator:
-        seed = group.params.seed
-        gen = torch.Generator()  # host-side: draws stay the same on any device (see Sampler._choose)
-        # children of a seeded request get distinct but reproducible streams
-        gen.manual_seed((seed + index) % 2**63 if seed is not None else random.getrandbits(63))
-        return gen
+        if self.slots.retire(seq):
+            self.sampler.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)

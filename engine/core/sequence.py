@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -12,6 +13,14 @@ from engine.text.detokenizer import IncrementalDetokenizer
 from engine.text.reasoning import ReasoningSplitter
 
 DETOK_CONTEXT = 6  # prompt tokens that seed each candidate's detokenizer
+
+
+def candidate_generator(seed: int | None, index: int) -> torch.Generator:
+    """Candidate `index`'s host-side RNG: draws stay the same on any device (see Sampler._choose); children
+    of a seeded request get distinct but reproducible streams."""
+    gen = torch.Generator()
+    gen.manual_seed((seed + index) % 2**63 if seed is not None else random.getrandbits(63))
+    return gen
 
 
 class Sequence:

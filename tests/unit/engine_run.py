@@ -21,7 +21,7 @@ class Run:
         self.outputs: dict[str, list[RequestOutput]] = {}
         self.tokens: dict[tuple[str, int], list[int]] = {}
         self.groups = {}
-        sched.postprocess = self._capture
+        sched.outputs.postprocess = self._capture
 
     def _capture(self, seq) -> dict:
         self.tokens[(seq.group.request.request_id, seq.index)] = list(seq.output_ids)

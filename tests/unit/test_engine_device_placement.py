@@ -139,7 +139,7 @@ def test_a_decode_step_reads_the_device_once(real_engine, adapters, prompts):
     with HostReads() as check:
         for _ in range(3):
             run.step()
-    assert len(run.sched.decoding) == 5  # every row was still decoding
+    assert len(run.sched.slots.decoding) == 5  # every row was still decoding
     assert len(check.reads) == 3, check.reads
     assert all(re.fullmatch(r"engine/sampling/sampler\.py:\d+ tolist", r) for r in check.reads), check.reads
 

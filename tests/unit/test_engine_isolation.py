@@ -59,7 +59,8 @@ def test_first_token_finish_in_batched_prefill_leaves_neighbours_alone(make_sche
     for rid, (prompt, params) in others.items():
         run.add(rid, prompt, params)
     run.step()  # one batched prefill of all five
-    assert {g.request.request_id for g in {id(s.group): s.group for s in run.sched.decoding}.values()} <= set(others)
+    running = {id(s.group): s.group for s in run.sched.slots.decoding}.values()
+    assert {g.request.request_id for g in running} <= set(others)
     run.until_done()
     assert run.final("f1").completion_tokens == 1
     assert run.final("f1").finish_reason == ("length" if finisher == "max_tokens_1" else "stop")
@@ -75,7 +76,7 @@ def test_rows_always_sit_at_their_own_slot(make_scheduler, prompts):
         if not run.sched.has_work():
             break
         run.step()
-        assert [s.slot for s in run.sched.decoding] == list(range(len(run.sched.decoding)))
+        assert [s.slot for s in run.sched.slots.decoding] == list(range(len(run.sched.slots.decoding)))
 
 
 # -- defect 3: a grammar that can only end, with min_tokens / ignore_eos ------------------------------
@@ -157,14 +158,14 @@ def test_a_failing_grammar_fails_only_its_request(make_scheduler, prompts):
 def test_a_failing_output_step_fails_only_its_request(make_scheduler, prompts):
     sched = make_scheduler()
     run = Run(sched)
-    capture = sched.postprocess
+    capture = sched.outputs.postprocess
 
     def failing_postprocess(seq):
         if seq.group.request.request_id == "bad":
             raise ValueError("tool parser crashed")
         return capture(seq)
 
-    sched.postprocess = failing_postprocess
+    sched.outputs.postprocess = failing_postprocess
     run.add("a", prompts[1], greedy(10, ignore_eos=True))
     run.add("bad", prompts[3], greedy(4, ignore_eos=True))
     run.add("b", prompts[2], sampled(5))
@@ -181,7 +182,7 @@ def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, real
     run.add("b", prompts[2], sampled(5))
     run.until_done()
     _assert_neighbours_unharmed(make_scheduler, prompts, run)
-    assert not run.sched.decoding and run.sched.reserved == 0
+    assert not run.sched.slots.decoding and run.sched.slots.reserved == 0
 
 
 # -- defect 6: an explicit cap beyond the context -----------------------------------------------------

@@ -41,7 +41,7 @@ def test_seeded_request_same_tokens_alone_and_in_batch_of_3(make_scheduler, prom
     batch.add("a", prompts[0], params())
     batch.add("y", prompts[2], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, ignore_eos=True))
     batch.step()
-    assert len(batch.sched.decoding) == 3  # really one batch of three
+    assert len(batch.sched.slots.decoding) == 3  # really one batch of three
     batch.until_done()
 
     assert batch.tokens[("a", 0)] == alone.tokens[("a", 0)]
@@ -123,7 +123,7 @@ def test_join_and_leave_mid_flight(real_engine, prompts):
     deadline = time.monotonic() + 5
     while real_engine.scheduler.has_work() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not real_engine.scheduler.decoding
+    assert not real_engine.scheduler.slots.decoding
 
 
 def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
@@ -138,13 +138,13 @@ def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
     for _ in range(3):
         run.step()
     victim = run.groups["victim"]
-    assert any(s.group is victim for s in run.sched.decoding)
-    assert run.sched.decoding[0].group is victim  # slot 0: its removal moves the other row down
+    assert any(s.group is victim for s in run.sched.slots.decoding)
+    assert run.sched.slots.decoding[0].group is victim  # slot 0: its removal moves the other row down
 
     cancelled.set()
     run.step()
-    assert all(s.group is not victim for s in run.sched.decoding)
-    assert len(run.sched.decoding) == 1 and run.sched.decoding[0].slot == 0
+    assert all(s.group is not victim for s in run.sched.slots.decoding)
+    assert len(run.sched.slots.decoding) == 1 and run.sched.slots.decoding[0].slot == 0
     finals = run.finals("victim")
     assert len(finals) == 1 and finals[0].finish_reason == "cancelled"
     assert run.outputs["victim"][-1] is finals[0]
@@ -302,10 +302,10 @@ def test_retired_slots_give_their_memory_back(real_engine, make_scheduler, promp
     cache = run.sched.runner.cache
     while not run.finals("a"):
         run.step()
-    b = run.sched.decoding[0]
+    b = run.sched.slots.decoding[0]
     assert b.group is run.groups["b"] and b.kv_len < len(longest)
     assert _zero_from(cache, 0, b.kv_len)  # a's longer K/V past b's length is gone, not left behind
-    assert all(_zero_from(cache, slot, 0) for slot in range(len(run.sched.decoding), cache.slots))
+    assert all(_zero_from(cache, slot, 0) for slot in range(len(run.sched.slots.decoding), cache.slots))
     run.until_done()
     assert bool((cache.k == 0).all() and (cache.v == 0).all())  # idle: nothing held
     assert run.tokens[("b", 0)] == ref.tokens[("b", 0)]
