@@ -34,7 +34,7 @@ def main() -> int:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from engine.core.scheduler import Scheduler
+    from engine.core.engine_core import EngineCore
     from engine.llm_engine import EngineConfig, LLMEngine
     from engine.model.kv_cache import KVCache
     from engine.request import EngineRequest
@@ -56,28 +56,28 @@ def main() -> int:
         if hard and not ok:
             failures.append(name)
 
-    def scheduler(slots: int = 8, graphs: bool = True) -> Scheduler:
+    def scheduler(slots: int = 8, graphs: bool = True) -> EngineCore:
         runner = ModelRunner(eng.runner.decoder, slots, 512, cuda_graphs=graphs and args.device.startswith("cuda"))
-        return Scheduler(runner, eng.sampler, eng.tokenizer, 512)
+        return EngineCore(runner, eng.sampler, eng.tokenizer, 512)
 
-    def run(sched: Scheduler, requests: list[tuple[str, list[int], SamplingParams]], budget: int = 512,
+    def run(sched: EngineCore, requests: list[tuple[str, list[int], SamplingParams]], budget: int = 512,
             steps: int = 400) -> dict[str, list]:
         outs: dict[str, list] = {}
         for rid, p, params in requests:
             outs[rid] = []
             req = EngineRequest(rid, p, params, outs[rid].append, True)
             req.grammar = eng.grammar_factory(params)
-            sched.add(req)
-        sched.prefill_budget = budget
+            sched.scheduler.add(req)
+        sched.scheduler.prefill_budget = budget
         for _ in range(steps):
-            if not sched.has_work():
+            if not sched.scheduler.has_work():
                 break
             sched.step()
         return outs
 
-    def tokens_of(sched: Scheduler):
+    def tokens_of(sched: EngineCore):
         seen: dict[tuple[str, int], list[int]] = {}
-        sched.postprocess = lambda seq: seen.__setitem__((seq.group.request.request_id, seq.index),
+        sched.outputs.postprocess = lambda seq: seen.__setitem__((seq.group.request.request_id, seq.index),
                                                           list(seq.output_ids)) or {}
         return seen
 

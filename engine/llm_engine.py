@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from engine.core.engine_core import EngineCore
 from engine.core.postprocess import OutputPostprocessor
-from engine.core.scheduler import Scheduler
 from engine.core.stats import EngineStats
 from engine.errors import EngineError, QueueFull, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
@@ -92,10 +92,10 @@ class LLMEngine:
         self.runner = ModelRunner(decoder, config.max_slots, config.max_len,
                                   load_adapters(model, config.lora_paths or {}), graphs)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
-        self.scheduler = Scheduler(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
-                                   config.kv_budget_tokens, config.prefix_cache_tokens,
-                                   postprocess=OutputPostprocessor(self.tokenizer).for_sequence,
-                                   reasoning=config.reasoning)
+        self.core = EngineCore(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
+                               config.kv_budget_tokens, config.prefix_cache_tokens,
+                               postprocess=OutputPostprocessor(self.tokenizer).for_sequence,
+                               reasoning=config.reasoning)
         self.grammars = GrammarCompilerCache(self.tokenizer, decoder.vocab_size, self.sampler.stop_token_set,
                                              config.grammar_budget_s)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
@@ -179,7 +179,7 @@ class LLMEngine:
         if not self.healthy:
             raise EngineError("MODEL_LOADING", "engine is not healthy")
         with self._lock:
-            if self._pending + self.scheduler.queue_depth >= self.config.max_queue:
+            if self._pending + self.core.scheduler.queue_depth >= self.config.max_queue:
                 raise QueueFull()
             self._pending += 1
         self._incoming.put(request)
@@ -190,12 +190,12 @@ class LLMEngine:
     @property
     def stats(self) -> EngineStats:
         """What the engine measures (engine/core/stats.py), for its metrics."""
-        return self.scheduler.stats
+        return self.core.scheduler.stats
 
     @property
     def num_waiting(self) -> int:
         """Requests submitted and not yet running: in the intake queue or waiting for a slot / KV room."""
-        return self._pending + self.scheduler.queue_depth
+        return self._pending + self.core.scheduler.queue_depth
 
     def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> queue.Queue[RequestOutput]:
@@ -227,7 +227,7 @@ class LLMEngine:
             with self._lock:
                 self._pending -= 1
             try:
-                self.scheduler.add(request)
+                self.core.scheduler.add(request)
             except Exception as exc:  # a fault admitting one request fails that request, not the loop
                 if not isinstance(exc, EngineError):
                     log.exception("admitting %s failed", request.request_id)
@@ -241,11 +241,11 @@ class LLMEngine:
         try:
             while not self._stopped.is_set():
                 self._drain_incoming()
-                if not self.scheduler.has_work():
+                if not self.core.scheduler.has_work():
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
                     continue
-                self.scheduler.step()
+                self.core.step()
         except Exception:
             log.exception("engine loop crashed")
             self.healthy = False
@@ -255,9 +255,9 @@ class LLMEngine:
 
     def _fail_everything(self) -> None:
         error = EngineError("inference_error", "the engine failed; retry the request")
-        groups = list(self.scheduler.waiting) + [s.group for s in self.scheduler.slots.decoding]
-        if self.scheduler.slots.prefilling is not None:
-            groups.append(self.scheduler.slots.prefilling)
+        groups = list(self.core.scheduler.waiting) + [s.group for s in self.core.scheduler.slots.decoding]
+        if self.core.scheduler.slots.prefilling is not None:
+            groups.append(self.core.scheduler.slots.prefilling)
         for group in {id(g): g for g in groups}.values():
             if not group.sent_final:
                 group.emit(RequestOutput("", 0, "", "error", final=True, error=error))

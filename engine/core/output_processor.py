@@ -1,7 +1,7 @@
 """The scheduler's output stage: how a candidate's sampled tokens become outputs.
 
 Text release (stop strings, stop token ids, reasoning split), logprob entries, streamed deltas, and
-the closing of finished candidates (ranked for best_of). The Scheduler owns one `OutputStage` and
+the closing of finished candidates (ranked for best_of). The EngineCore owns one `OutputStage` and
 calls it after each sampling step; `close_finished` says when a request's last candidate has closed,
 so the scheduler can drop its KV reservation. Whether a candidate stopped is `check_stop`'s call.
 """

@@ -1,12 +1,9 @@
-"""Iteration-level continuous batching: admit, prefill (token-budgeted), decode, retire.
+"""Admission and the step's prefill plan: which waiting requests run, in which KV slots, and their ending.
 
-KV slots and reservations live in the slot table (engine.core.slots, which states the slot invariant). New
-candidates are placed (every one of a step's prefilled requests) before any of them is sampled, so a candidate
-that finishes on its first token can only move rows that already sit at their own slot.
-
-Failures are kept to the request they belong to: a prefill, a row's forward (e.g. its adapter), a
-row's sampling step or its output handling fails that request with `inference_error` and the batch
-goes on. Only a fault of the shared device state is fatal (the engine loop then fails everything).
+It admits requests (validation, KV reservation), hands the engine core the whole short prompts for one batched
+prefill or the next chunk of one long prompt, aborts requests (cancelled, failed), places prefilled candidates
+and retires finished ones through the slot table (engine.core.slots, which states the slot invariant), and keys
+the prefix cache. It never runs a forward or samples: that is engine.core.engine_core's step.
 """
 
 from __future__ import annotations
@@ -16,37 +13,31 @@ import hashlib
 import logging
 import time
 
-import torch
-
-from engine.core.output_processor import OutputStage, Postprocess
 from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.slots import SlotTable
 from engine.core.stats import EngineStats
-from engine.errors import EngineError, is_device_fault, request_error
+from engine.errors import EngineError
 from engine.request import EngineRequest, RequestOutput
 from engine.runner.model_runner import ModelRunner
-from engine.sampling.sampler import Sampler
-from engine.staging import stage
+from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 512,
-                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0,
-                 postprocess: Postprocess | None = None, reasoning: bool = False) -> None:
-        """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks); `reasoning`:
-        the model thinks in <think>...</think> (its profile says so)."""
+    def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 512,
+                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False) -> None:
+        """`counts`: the sampler's penalty counts (a retired row's is freed at once); `reasoning`: the model
+        thinks in <think>...</think> (its profile says so)."""
         self.runner = runner
-        self.sampler = sampler
+        self.counts = counts
         self.tokenizer = tokenizer
         self.prefill_budget = prefill_budget
         self.slots = SlotTable(runner.cache, kv_budget_tokens)
         self.max_slots, self.max_len, self.kv_budget = self.slots.max_slots, self.slots.max_len, self.slots.kv_budget
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
         self.stats = EngineStats(kv_budget=self.kv_budget)
-        self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, postprocess)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
         self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self.reasoning = reasoning
@@ -113,19 +104,15 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting) or self.slots.busy()
 
-    # -- one iteration -------------------------------------------------------------------------
+    # -- one step's bookkeeping -----------------------------------------------------------------
 
-    def step(self) -> None:
-        self._reap_cancelled()
-        self._prefill()
-        if self.slots.decoding:
-            self._decode()
+    def end_step(self) -> None:
         self.stats.running = len({id(s.group) for s in self.slots.decoding}) + (self.slots.prefilling is not None)
         self.stats.kv_reserved = self.slots.reserved
         if not self.has_work():
             self.slots.release_all()
 
-    def _reap_cancelled(self) -> None:
+    def reap_cancelled(self) -> None:
         groups = {id(s.group): s.group for s in self.slots.decoding}
         if self.slots.prefilling is not None:
             groups[id(self.slots.prefilling)] = self.slots.prefilling
@@ -140,7 +127,7 @@ class Scheduler:
             self.waiting.remove(group)
         self.slots.drop_prefill(group)
         for seq in [s for s in self.slots.decoding if s.group is group]:
-            self._retire(seq)
+            self.retire(seq)
         self.slots.release(group)
         if reason == "cancelled":
             self.stats.cancelled += 1
@@ -148,12 +135,12 @@ class Scheduler:
             self.stats.finish(reason)
             group.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error))
 
-    def _fail(self, failures: dict[int, tuple[SequenceGroup, EngineError]]) -> None:
+    def fail(self, failures: dict[int, tuple[SequenceGroup, EngineError]]) -> None:
         for group, error in failures.values():
             log.warning("request %s failed: %s", group.request.request_id, error.message)
             self.abort(group, "error", error)
 
-    def _new_parent(self, group: SequenceGroup) -> Sequence:
+    def new_parent(self, group: SequenceGroup) -> Sequence:
         parent = Sequence(group, 0, candidate_generator(group.params.seed, 0), self.tokenizer)
         if group.request.grammar is not None:
             parent.grammar = group.request.grammar()
@@ -162,7 +149,7 @@ class Scheduler:
 
     # -- prefill -------------------------------------------------------------------------------
 
-    def _take_short_prompts(self, budget: int) -> list[SequenceGroup]:
+    def take_short_prompts(self, budget: int) -> list[SequenceGroup]:
         """Waiting requests whose whole prompt fits the step's budget (FIFO), for one batched prefill."""
         batch: list[SequenceGroup] = []
         slots, reserved = len(self.slots.decoding), self.slots.reserved
@@ -182,101 +169,24 @@ class Scheduler:
             self._admit(group)
         return batch
 
-    def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
-        """Several short prompts in one forward: a step's cost is mostly reading the weights once."""
-        slot = len(self.slots.decoding)
-        for group in groups:
-            self._new_parent(group).slot = slot
-            slot += group.params.width  # its n/best_of children take the slots right after it
-        try:
-            logits = self.runner.prefill_batch(
-                [g.sequences[0].slot for g in groups], [g.request.prompt_ids for g in groups],
-                [g.params.lora_adapter for g in groups])
-        except Exception as exc:  # a forward failure must not take the engine down
-            if is_device_fault(exc):
-                raise
-            log.exception("batched prefill failed; prefilling its requests one by one")
-            self._prefill_groups_alone(groups)
-            return
-        rows: list[Sequence] = []
-        for group in groups:
-            group.prefilled = len(group.request.prompt_ids)
-            group.sequences[0].kv_len = group.prefilled
-            self._cache_prompt(group)
-            rows += self._place(group)
-        if len(rows) > len(groups):  # n/best_of: each candidate samples from its prompt's logits
-            # given its output size, repeat_interleave needs no host sync to size the result
-            widths = stage([g.params.width for g in groups], torch.long, logits.device)
-            logits = logits.repeat_interleave(widths, dim=0, output_size=len(rows))
-        self._sample_and_advance(logits, rows)
+    def requeue(self, groups: list[SequenceGroup]) -> None:
+        """Back to the front of the queue, unreserved (a single short prompt takes the chunked path)."""
+        for group in reversed(groups):
+            self.slots.release(group)
+            self.waiting.appendleft(group)
 
-    def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
-        """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails
-        (e.g. their adapter) fail. Slots are handed out again over the survivors only."""
-        slot = len(self.slots.decoding)
-        survivors: list[tuple[SequenceGroup, torch.Tensor]] = []
-        for group in groups:
-            prompt = group.request.prompt_ids
-            group.sequences[0].slot = slot
-            try:
-                logits = self.runner.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
-            except Exception as exc:
-                self.abort(group, "error", request_error(exc, "prefill"))
-                continue
-            group.prefilled = group.sequences[0].kv_len = len(prompt)
-            survivors.append((group, logits))
-            slot += group.params.width
-        rows: list[Sequence] = []
-        for group, _ in survivors:
-            rows += self._place(group)  # every survivor is placed before any is sampled (see the invariant)
-        if rows:
-            self._sample_and_advance(torch.cat([row[None].repeat(g.params.width, 1) for g, row in survivors]), rows)
-
-    def _prefill(self) -> None:
-        budget = self.prefill_budget
+    def start_prefill(self) -> SequenceGroup | None:
+        """The request whose prompt is being prefilled: the one in progress, else the next waiting one if it
+        fits (admitted now, its cached prefix loaded into its slot); None when nothing can start."""
         if self.slots.prefilling is None:
-            batch = self._take_short_prompts(budget)
-            if len(batch) > 1:
-                self._prefill_batch(batch)
-                return
-            for group in batch:  # a single prompt takes the (chunkable) path below
-                self.slots.release(group)
-                self.waiting.appendleft(group)
-        while budget > 0:
-            if self.slots.prefilling is None:
-                if not self.waiting:
-                    return
-                group = self.waiting[0]
-                if not self.slots.fits(group, len(self.slots.decoding), self.slots.reserved):
-                    return  # wait for slots / KV budget to free up
-                self.waiting.popleft()
-                self._admit(group)
-                self.slots.prefilling = group
-                self._load_cached_prefix(group, self._new_parent(group))
-            group = self.slots.prefilling
-            parent = group.sequences[0]
-            parent.slot = len(self.slots.decoding)
-            prompt = group.request.prompt_ids
-            chunk = prompt[group.prefilled : group.prefilled + budget]
-            embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
-            if embeds is not None:
-                embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
-            try:
-                logits = self.runner.prefill(parent.slot, chunk, group.prefilled,
-                                              adapter=group.params.lora_adapter, embeds=embeds)
-            except Exception as exc:  # a forward failure on one prompt must not take the engine down
-                error = request_error(exc, "prefill")
-                log.exception("prefill failed for %s", group.request.request_id)
-                self.abort(group, "error", error)
-                continue
-            group.prefilled += len(chunk)
-            parent.kv_len = group.prefilled
-            budget -= len(chunk)
-            if group.prefilled == len(prompt):
-                self.slots.prefilling = None
-                self._cache_prompt(group)
-                rows = self._place(group)
-                self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
+            if not self.waiting or not self.slots.fits(self.waiting[0], len(self.slots.decoding), self.slots.reserved):
+                return None  # wait for slots / KV budget to free up
+            group = self.waiting.popleft()
+            self._admit(group)
+            self.slots.prefilling = group
+            self._load_cached_prefix(group, self.new_parent(group))
+        self.slots.prefilling.sequences[0].slot = len(self.slots.decoding)
+        return self.slots.prefilling
 
     # -- prefix cache --------------------------------------------------------------------------
 
@@ -299,18 +209,18 @@ class Scheduler:
         group.prefilled = parent.kv_len = group.cached_tokens = self.prefix_cache.load(rows, parent.slot)
         self.stats.prefix_hits += group.cached_tokens
 
-    def _cache_prompt(self, group: SequenceGroup) -> None:
+    def cache_prompt(self, group: SequenceGroup) -> None:
         if self.prefix_cache is not None:
             parent = group.sequences[0]
             self.prefix_cache.store(group.request.prompt_ids, self._cache_salt(group), parent.slot, parent.kv_len)
 
-    def _cache_finished(self, seq: Sequence) -> None:
+    def cache_finished(self, seq: Sequence) -> None:
         """A finished candidate's prompt + output K/V (a chat's next turn starts with both)."""
         if self.prefix_cache is not None and seq.finish_reason in ("stop", "length"):
             self.prefix_cache.store(seq.prompt_ids + seq.output_ids, self._cache_salt(seq.group), seq.slot,
                                     seq.kv_len)
 
-    def _place(self, group: SequenceGroup) -> list[Sequence]:
+    def place(self, group: SequenceGroup) -> list[Sequence]:
         """Fork the prefilled parent into its n/best_of candidates and append them to the decode rows."""
         parent = group.sequences[0]
         children = [parent.fork(i, candidate_generator(group.params.seed, i), self.tokenizer)
@@ -321,92 +231,6 @@ class Scheduler:
         self.stats.observe("request_prefill_time", group.first_token_at - (group.admitted_at or group.request.arrival))
         return rows
 
-    # -- decode --------------------------------------------------------------------------------
-
-    def _decode(self) -> None:
-        rows = list(self.slots.decoding)
-        tokens = [s.output_ids[-1] for s in rows]
-        positions = [s.kv_len for s in rows]
-        adapters = [s.params.lora_adapter for s in rows]
-        try:
-            logits = self.runner.decode(tokens, positions, adapters)
-        except Exception as exc:
-            if is_device_fault(exc):
-                raise
-            log.exception("batched decode failed; retrying its rows one by one")
-            self._decode_rows_alone(rows)
-            return
-        for s in rows:
-            s.kv_len += 1
-        self._sample_and_advance(logits, rows)
-
-    def _decode_rows_alone(self, rows: list[Sequence]) -> None:
-        """After a failed batched step: one forward per row (a one-token prefill at its position writes
-        the same K/V), so that only the rows whose own forward fails (e.g. their adapter) fail."""
-        ok: list[Sequence] = []
-        row_logits: list[torch.Tensor] = []
-        failures: dict[int, tuple[SequenceGroup, EngineError]] = {}
-        for seq in rows:
-            if id(seq.group) in failures:
-                continue
-            try:
-                row_logits.append(self.runner.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
-                                                       adapter=seq.params.lora_adapter))
-            except Exception as exc:
-                failures[id(seq.group)] = (seq.group, request_error(exc, "decode"))
-                continue
-            ok.append(seq)
-        keep = [i for i, seq in enumerate(ok) if id(seq.group) not in failures]
-        ok = [ok[i] for i in keep]
-        for seq in ok:
-            seq.kv_len += 1
-        self._fail(failures)  # after the K/V of the good rows is counted, so compaction moves all of it
-        if ok:
-            self._sample_and_advance(torch.stack([row_logits[i] for i in keep]), ok)
-
-    # -- sampling and outputs ------------------------------------------------------------------
-
-    def _sample_and_advance(self, logits: torch.Tensor, rows: list[Sequence]) -> None:
-        masks = {i: s.grammar.apply_mask for i, s in enumerate(rows) if s.grammar is not None}
-        failures: dict[int, tuple[SequenceGroup, EngineError]] = {}
-        try:
-            out = self.sampler.sample(logits, rows, masks)
-        except Exception as exc:
-            if is_device_fault(exc):
-                raise
-            log.exception("sampling failed")
-            self._fail({id(s.group): (s.group, request_error(exc, "sampling")) for s in rows})
-            return
-        for i, error in out.row_errors.items():
-            failures.setdefault(id(rows[i].group), (rows[i].group, request_error(error, "sampling")))
-        self.stats.generation_tokens += len(rows)
-        now = time.monotonic()
-        for seq in rows:
-            if seq.last_token_at is not None:
-                self.stats.observe("inter_token_latency", now - seq.last_token_at)
-            seq.last_token_at = now
-        for i, seq in enumerate(rows):
-            if id(seq.group) in failures:
-                continue
-            try:
-                self.outputs.advance(seq, out.tokens[i], out.logprobs[i], out.top[i] if out.top else None)
-            except Exception as exc:
-                failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
-                log.exception("output handling failed for %s", seq.group.request.request_id)
-        for seq in rows:
-            if seq.finished and id(seq.group) not in failures:
-                self._cache_finished(seq)
-                self._retire(seq)
-                try:
-                    if self.outputs.close_finished(seq.group):
-                        self.slots.release(seq.group)
-                except Exception as exc:
-                    log.exception("closing failed for %s", seq.group.request.request_id)
-                    failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
-        self._fail(failures)
-        groups = {id(s.group): s.group for s in rows if id(s.group) not in failures}
-        self.outputs.emit_stream_deltas(list(groups.values()))
-
-    def _retire(self, seq: Sequence) -> None:
+    def retire(self, seq: Sequence) -> None:
         if self.slots.retire(seq):
-            self.sampler.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)
+            self.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)

@@ -43,14 +43,14 @@ def real_engine():
 
 @pytest.fixture
 def make_scheduler(real_engine):
-    """A synchronous Scheduler over the session model's weights with its own KV cache (stepped by the test)."""
-    from engine.core.scheduler import Scheduler
+    """A synchronous EngineCore over the session model's weights with its own KV cache (stepped by the test)."""
+    from engine.core.engine_core import EngineCore
     from engine.runner.model_runner import ModelRunner
 
     def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, prefill_budget: int = 512,
-             adapters: dict | None = None) -> Scheduler:
+             adapters: dict | None = None) -> EngineCore:
         # the session decoder's fused weights and RoPE tables, with this scheduler's own KV cache and adapters
         runner = ModelRunner(real_engine.runner.decoder, slots, max_len, adapters)
-        return Scheduler(runner, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+        return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, prefill_budget)
 
     return make

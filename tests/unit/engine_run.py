@@ -30,16 +30,16 @@ class Run:
     def add(self, rid: str, prompt_ids: list[int], params: SamplingParams, stream: bool = True, is_cancelled=None,
             grammar=None):
         self.outputs[rid] = []
-        self.sched.add(EngineRequest(rid, prompt_ids, params, self.outputs[rid].append, stream, is_cancelled,
+        self.sched.scheduler.add(EngineRequest(rid, prompt_ids, params, self.outputs[rid].append, stream, is_cancelled,
                                      grammar=grammar))
-        self.groups[rid] = self.sched.waiting[-1]
+        self.groups[rid] = self.sched.scheduler.waiting[-1]
 
     def step(self) -> None:
         self.sched.step()
 
     def until_done(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
-            if not self.sched.has_work():
+            if not self.sched.scheduler.has_work():
                 return
             self.sched.step()
         raise AssertionError("scheduler did not finish")

@@ -74,13 +74,13 @@ def test_padded_bucketed_decode_matches_plain_decode_and_spares_the_prefilling_s
 
 
 def test_scheduler_with_the_bucketed_runner_generates_the_same_tokens(real_engine):
-    from engine.core.scheduler import Scheduler
+    from engine.core.engine_core import EngineCore
 
     prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
     runs = []
     for graphs in (False, True):
         runner = ModelRunner(real_engine.runner.decoder, 8, MAX_LEN, cuda_graphs=graphs, capture=False)
-        run = Run(Scheduler(runner, real_engine.sampler, real_engine.tokenizer))
+        run = Run(EngineCore(runner, real_engine.sampler, real_engine.tokenizer))
         for i, p in enumerate(prompts[:3]):  # rows retire at different steps: batch 3 -> 2 -> 1 buckets
             run.add(f"r{i}", p, greedy(4 + 3 * i, ignore_eos=True))
         run.until_done()

@@ -23,7 +23,7 @@ def test_crashed_loop_fails_requests_and_signals_fatal():
     def broken_step() -> None:
         raise RuntimeError("simulated kernel failure")
 
-    engine.scheduler.step = broken_step
+    engine.core.step = broken_step
     engine.start()
     try:
         outputs = engine.generate("r", engine.encode_prompt(prompt="Hello"), SamplingParams(max_tokens=4))
@@ -51,7 +51,7 @@ def test_requests_still_queued_when_the_loop_dies_get_a_final_error():
         late.append(engine.generate("late", engine.encode_prompt(prompt="Hi"), SamplingParams(max_tokens=2)))
         raise RuntimeError("simulated kernel failure")
 
-    engine.scheduler.step = step_that_races_a_submit_then_dies
+    engine.core.step = step_that_races_a_submit_then_dies
     engine.start()
     try:
         first = engine.generate("first", engine.encode_prompt(prompt="Hello"), SamplingParams(max_tokens=4))
@@ -64,14 +64,14 @@ def test_requests_still_queued_when_the_loop_dies_get_a_final_error():
 
 def test_an_unexpected_error_admitting_one_request_fails_only_that_request(real_engine, monkeypatch):
     """A bug in admission (any exception, not only EngineError) fails that request; the loop lives on."""
-    real_add = real_engine.scheduler.add
+    real_add = real_engine.core.scheduler.add
 
     def add(request) -> None:
         if request.request_id == "bad":
             raise KeyError("simulated admission bug")
         real_add(request)
 
-    monkeypatch.setattr(real_engine.scheduler, "add", add)
+    monkeypatch.setattr(real_engine.core.scheduler, "add", add)
     bad = real_engine.generate("bad", real_engine.encode_prompt(prompt="Hello"), SamplingParams(max_tokens=2))
     out = bad.get(timeout=30)
     assert out.final and out.error is not None and out.error.code == "inference_error"

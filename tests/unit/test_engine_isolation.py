@@ -1,7 +1,7 @@
 """One request never depends on another: batch composition, first-token finishes, failing neighbours.
 
 Each test compares a request's tokens in a batch with the same request run alone (the reference), on
-the real SmolLM2 model through a synchronous Scheduler.
+the real SmolLM2 model through a synchronous EngineCore.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_first_token_finish_in_batched_prefill_leaves_neighbours_alone(make_sche
     for rid, (prompt, params) in others.items():
         run.add(rid, prompt, params)
     run.step()  # one batched prefill of all five
-    running = {id(s.group): s.group for s in run.sched.slots.decoding}.values()
+    running = {id(s.group): s.group for s in run.sched.scheduler.slots.decoding}.values()
     assert {g.request.request_id for g in running} <= set(others)
     run.until_done()
     assert run.final("f1").completion_tokens == 1
@@ -73,10 +73,11 @@ def test_rows_always_sit_at_their_own_slot(make_scheduler, prompts):
     for i, p in enumerate(prompts):
         run.add(f"r{i}", p, greedy(1 + 3 * i, ignore_eos=True))
     for _ in range(40):
-        if not run.sched.has_work():
+        if not run.sched.scheduler.has_work():
             break
         run.step()
-        assert [s.slot for s in run.sched.slots.decoding] == list(range(len(run.sched.slots.decoding)))
+        rows = run.sched.scheduler.slots.decoding
+        assert [s.slot for s in rows] == list(range(len(rows)))
 
 
 # -- defect 3: a grammar that can only end, with min_tokens / ignore_eos ------------------------------
@@ -182,7 +183,7 @@ def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, real
     run.add("b", prompts[2], sampled(5))
     run.until_done()
     _assert_neighbours_unharmed(make_scheduler, prompts, run)
-    assert not run.sched.slots.decoding and run.sched.slots.reserved == 0
+    assert not run.sched.scheduler.slots.decoding and run.sched.scheduler.slots.reserved == 0
 
 
 # -- defect 6: an explicit cap beyond the context -----------------------------------------------------
@@ -194,22 +195,22 @@ def test_explicit_cap_past_the_context_is_context_exceeded(make_scheduler, promp
     sched = make_scheduler(max_len=64)
     explicit = SamplingParams.from_dict({"max_tokens": 40, "max_tokens_param": "max_new_tokens"})
     with pytest.raises(EngineError) as info:
-        sched.add(EngineRequest("x", prompts[0], explicit, lambda out: None))
+        sched.scheduler.add(EngineRequest("x", prompts[0], explicit, lambda out: None))
     assert (info.value.code, info.value.param) == ("context_exceeded", "max_new_tokens")
     defaulted = SamplingParams.from_dict({})  # no cap sent: the default is clamped to what is left
-    sched.add(EngineRequest("y", prompts[0], defaulted, lambda out: None))
+    sched.scheduler.add(EngineRequest("y", prompts[0], defaulted, lambda out: None))
     assert defaulted.max_tokens == 64 - len(prompts[0])
 
 
 def test_kv_budget_error_names_the_clients_field(make_scheduler, prompts):
-    from engine.core.scheduler import Scheduler
+    from engine.core.engine_core import EngineCore
     from engine.request import EngineRequest
 
     base = make_scheduler()
-    sched = Scheduler(base.runner, base.sampler, base.tokenizer, kv_budget_tokens=60)
+    sched = EngineCore(base.runner, base.sampler, base.scheduler.tokenizer, kv_budget_tokens=60)
     params = SamplingParams.from_dict({"max_tokens": 100, "max_tokens_param": "max_completion_tokens"})
     with pytest.raises(EngineError) as info:
-        sched.add(EngineRequest("x", prompts[0], params, lambda out: None))
+        sched.scheduler.add(EngineRequest("x", prompts[0], params, lambda out: None))
     assert info.value.param == "max_completion_tokens"
 
 

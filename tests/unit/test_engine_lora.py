@@ -39,11 +39,11 @@ def prompts(real_engine) -> list[list[int]]:
 
 
 def scheduler(real_engine, adapters, slots: int = 8):
-    from engine.core.scheduler import Scheduler
+    from engine.core.engine_core import EngineCore
     from engine.runner.model_runner import ModelRunner
 
     runner = ModelRunner(real_engine.runner.decoder, slots, 256, adapters)
-    return Scheduler(runner, real_engine.sampler, real_engine.tokenizer)
+    return EngineCore(runner, real_engine.sampler, real_engine.tokenizer)
 
 
 def test_adapter_logits_match_peft_merged_over_the_whole_prompt(real_engine, lora_adapters, merged_model, prompts):

@@ -3,7 +3,6 @@ exports it (engine/triton/metrics.py against a recording stand-in for the backen
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 import weakref
@@ -26,13 +25,12 @@ def prompts(real_engine) -> list[list[int]]:
 
 @pytest.fixture
 def cached(real_engine):
-    from engine.core.scheduler import Scheduler
-    from engine.model.kv_cache import KVCache
+    from engine.core.engine_core import EngineCore
+    from engine.runner.model_runner import ModelRunner
 
-    fwd = copy.copy(real_engine.forward)
-    fwd.cache = KVCache(len(fwd.layers), 8, fwd.n_kv, 256, fwd.head_dim, fwd.dtype, fwd.device)
-    return Scheduler(fwd, real_engine.sampler, real_engine.tokenizer, kv_budget_tokens=1000,
-                     prefix_cache_tokens=2048)
+    runner = ModelRunner(real_engine.runner.decoder, 8, 256)
+    return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, kv_budget_tokens=1000,
+                      prefix_cache_tokens=2048)
 
 
 def test_scheduler_records_counters_gauges_and_timings(cached, prompts):

@@ -1,6 +1,6 @@
 """Scheduler and engine behaviour with the real SmolLM2 model (loaded once per session, see conftest.py).
 
-Most tests drive a Scheduler synchronously (one `step()` at a time, on its own KV cache) so that batch
+Most tests drive an EngineCore synchronously (one `step()` at a time, on its own KV cache) so that batch
 composition is deterministic; the join/leave and queue tests go through the threaded LLMEngine.
 """
 
@@ -41,7 +41,7 @@ def test_seeded_request_same_tokens_alone_and_in_batch_of_3(make_scheduler, prom
     batch.add("a", prompts[0], params())
     batch.add("y", prompts[2], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, ignore_eos=True))
     batch.step()
-    assert len(batch.sched.slots.decoding) == 3  # really one batch of three
+    assert len(batch.sched.scheduler.slots.decoding) == 3  # really one batch of three
     batch.until_done()
 
     assert batch.tokens[("a", 0)] == alone.tokens[("a", 0)]
@@ -121,9 +121,9 @@ def test_join_and_leave_mid_flight(real_engine, prompts):
     assert "".join(o.text for o in short) == "".join(o.text for o in ref_short)
     assert "".join(o.text for o in long) == "".join(o.text for o in ref_long)
     deadline = time.monotonic() + 5
-    while real_engine.scheduler.has_work() and time.monotonic() < deadline:
+    while real_engine.core.scheduler.has_work() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not real_engine.scheduler.slots.decoding
+    assert not real_engine.core.scheduler.slots.decoding
 
 
 def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
@@ -138,13 +138,13 @@ def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
     for _ in range(3):
         run.step()
     victim = run.groups["victim"]
-    assert any(s.group is victim for s in run.sched.slots.decoding)
-    assert run.sched.slots.decoding[0].group is victim  # slot 0: its removal moves the other row down
+    assert any(s.group is victim for s in run.sched.scheduler.slots.decoding)
+    assert run.sched.scheduler.slots.decoding[0].group is victim  # slot 0: its removal moves the other row down
 
     cancelled.set()
     run.step()
-    assert all(s.group is not victim for s in run.sched.slots.decoding)
-    assert len(run.sched.slots.decoding) == 1 and run.sched.slots.decoding[0].slot == 0
+    assert all(s.group is not victim for s in run.sched.scheduler.slots.decoding)
+    assert len(run.sched.scheduler.slots.decoding) == 1 and run.sched.scheduler.slots.decoding[0].slot == 0
     finals = run.finals("victim")
     assert len(finals) == 1 and finals[0].finish_reason == "cancelled"
     assert run.outputs["victim"][-1] is finals[0]
@@ -163,10 +163,10 @@ def test_cancelled_while_waiting_never_runs(make_scheduler, prompts):
     run.add("busy", prompts[0], greedy(6, ignore_eos=True))
     run.add("queued", prompts[1], greedy(6, ignore_eos=True), is_cancelled=flag.is_set)
     run.step()
-    assert run.sched.queue_depth == 1
+    assert run.sched.scheduler.queue_depth == 1
     flag.set()
     run.step()
-    assert run.sched.queue_depth == 0
+    assert run.sched.scheduler.queue_depth == 0
     assert [o.finish_reason for o in run.outputs["queued"]] == ["cancelled"]
     run.until_done()
     assert ("queued", 0) not in run.tokens
@@ -302,10 +302,10 @@ def test_retired_slots_give_their_memory_back(real_engine, make_scheduler, promp
     cache = run.sched.runner.cache
     while not run.finals("a"):
         run.step()
-    b = run.sched.slots.decoding[0]
+    b = run.sched.scheduler.slots.decoding[0]
     assert b.group is run.groups["b"] and b.kv_len < len(longest)
     assert _zero_from(cache, 0, b.kv_len)  # a's longer K/V past b's length is gone, not left behind
-    assert all(_zero_from(cache, slot, 0) for slot in range(len(run.sched.slots.decoding), cache.slots))
+    assert all(_zero_from(cache, slot, 0) for slot in range(len(run.sched.scheduler.slots.decoding), cache.slots))
     run.until_done()
     assert bool((cache.k == 0).all() and (cache.v == 0).all())  # idle: nothing held
     assert run.tokens[("b", 0)] == ref.tokens[("b", 0)]

@@ -35,12 +35,12 @@ def turns(real_engine) -> dict[str, list[int]]:
 
 @pytest.fixture
 def cached_scheduler(real_engine):
-    from engine.core.scheduler import Scheduler
+    from engine.core.engine_core import EngineCore
     from engine.runner.model_runner import ModelRunner
 
     def make(capacity: int = 4096, slots: int = 8):
         runner = ModelRunner(real_engine.runner.decoder, slots, 512)
-        return Scheduler(runner, real_engine.sampler, real_engine.tokenizer, prefix_cache_tokens=capacity)
+        return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, prefix_cache_tokens=capacity)
 
     return make
 
@@ -79,7 +79,7 @@ def test_a_finished_turn_caches_its_output_too(cached_scheduler, turns, real_eng
 def test_no_sharing_across_adapters_or_changed_tokens(cached_scheduler, turns):
     sched = cached_scheduler()
     run_one(sched, "a", turns["a"], greedy(2))
-    cache = sched.prefix_cache
+    cache = sched.scheduler.prefix_cache
     assert cache.lookup(turns["a"], (None, None), touch=False)
     assert not cache.lookup(turns["a"], ("pirate", None), touch=False)  # another adapter: other K/V
     assert not cache.lookup(turns["a"], (None, "image-digest"), touch=False)  # image inputs are in the key
@@ -97,14 +97,15 @@ def test_image_inputs_salt_the_key(make_scheduler):
     embeds = sched.runner.decoder.embed[torch.tensor(ids)].clone()
     other = embeds.clone()
     other[5] += 1.0
-    salts = [sched._cache_salt(SequenceGroup(EngineRequest("x", ids, SamplingParams(), print, prompt_embeds=e)))
+    salt = sched.scheduler._cache_salt
+    salts = [salt(SequenceGroup(EngineRequest("x", ids, SamplingParams(), print, prompt_embeds=e)))
              for e in (embeds, embeds.clone(), other)]
     assert salts[0] == salts[1] != salts[2]
 
 
 def test_lru_eviction_stays_within_the_budget(cached_scheduler, turns):
     sched = cached_scheduler(capacity=64)  # 4 blocks of 16 tokens, fewer than one prompt has
-    cache = sched.prefix_cache
+    cache = sched.scheduler.prefix_cache
     run_one(sched, "a", turns["a"], greedy(1))
     assert len(cache.blocks) == 4 and not cache.free
     # a long prompt keeps its first blocks (it never evicts its own chain's root)

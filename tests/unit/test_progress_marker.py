@@ -18,10 +18,10 @@ def _run(make_scheduler, tokenizer, requests: dict[str, tuple[SamplingParams, bo
     outputs: dict[str, list[RequestOutput]] = {}
     for rid, (params, stream) in requests.items():
         outputs[rid] = []
-        sched.add(EngineRequest(rid, tokenizer.encode(f"Tell me a story about {rid}."), params,
+        sched.scheduler.add(EngineRequest(rid, tokenizer.encode(f"Tell me a story about {rid}."), params,
                                 outputs[rid].append, stream))
     for _ in range(200):
-        if not sched.has_work():
+        if not sched.scheduler.has_work():
             break
         sched.step()
     return outputs

@@ -30,18 +30,19 @@ def test_template_opened_block_and_unclosed_thinking():
 
 def _run(make_scheduler, include: bool, stream: bool) -> tuple[str, str, list]:
     sched = make_scheduler()
-    sched.reasoning = True
+    sched.scheduler.reasoning = True
     outputs = []
     grammar = {"kind": "regex", "value": "<think>[a-z ]{3,12}</think>[A-Z][a-z]{2,8}"}
     params = SamplingParams.from_dict({"max_tokens": 48, "grammar": grammar, "include_reasoning": include})
     from engine.sampling.grammar import GrammarCompilerCache
 
-    cache = GrammarCompilerCache(sched.tokenizer, sched.runner.vocab_size, sched.sampler.stop_token_set)
-    request = EngineRequest("r", sched.tokenizer.encode("Think, then answer:"), params, outputs.append, stream)
+    cache = GrammarCompilerCache(sched.scheduler.tokenizer, sched.runner.vocab_size, sched.sampler.stop_token_set)
+    prompt = sched.scheduler.tokenizer.encode("Think, then answer:")
+    request = EngineRequest("r", prompt, params, outputs.append, stream)
     request.grammar = lambda: cache.new_state(params.grammar)
-    sched.add(request)
+    sched.scheduler.add(request)
     for _ in range(100):
-        if not sched.has_work():
+        if not sched.scheduler.has_work():
             break
         sched.step()
     return "".join(o.reasoning or "" for o in outputs), "".join(o.text for o in outputs), outputs

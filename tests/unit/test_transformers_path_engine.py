@@ -151,9 +151,9 @@ def test_cancellation_frees_the_slot(gemma_engine):
     params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     (outs,) = run(gemma_engine, PROMPTS[:1], [params], stream=True, cancel_after=2)
     assert outs[-1].final and outs[-1].completion_tokens < 200
-    sched = gemma_engine.scheduler
+    sched = gemma_engine.core.scheduler
     for _ in range(100):
         if not sched.has_work():
             break
         threading.Event().wait(0.05)
-    assert not sched.has_work() and sched.reserved == 0
+    assert not sched.has_work() and sched.slots.reserved == 0

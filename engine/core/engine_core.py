@@ -1,0 +1,231 @@
+"""One engine step: the scheduler admits and plans, the runner runs the forwards, the sampler samples, the
+output stage turns tokens into outputs (with the one stop decision), and the scheduler retires and releases.
+
+A step prefills first (one batched forward of whole short prompts, or token-budgeted chunks of one prompt at a
+time), then decodes every running row. New candidates are placed (every one of a step's prefilled requests)
+before any of them is sampled, so a candidate that finishes on its first token can only move rows that already
+sit at their own slot (engine.core.slots).
+
+Failures are kept to the request they belong to: a prefill, a row's forward (e.g. its adapter), a row's
+sampling step or its output handling fails that request with `inference_error` and the batch goes on (a failed
+batched forward is retried one request or row at a time). Only a fault of the shared device state is fatal:
+it propagates, and the engine loop fails everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.core.output_processor import OutputStage, Postprocess
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.errors import EngineError, is_device_fault, request_error
+from engine.runner.model_runner import ModelRunner
+from engine.sampling.sampler import Sampler
+from engine.staging import stage
+
+log = logging.getLogger(__name__)
+
+Failures = dict[int, tuple[SequenceGroup, EngineError]]  # id(group) -> (group, its error)
+
+
+class EngineCore:
+    def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 512,
+                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0,
+                 postprocess: Postprocess | None = None, reasoning: bool = False) -> None:
+        """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks)."""
+        self.runner = runner
+        self.sampler = sampler
+        self.scheduler = Scheduler(runner, sampler.counts, tokenizer, prefill_budget, kv_budget_tokens,
+                                   prefix_cache_tokens, reasoning)
+        self.stats = self.scheduler.stats
+        self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, postprocess)
+
+    def step(self) -> None:
+        self.scheduler.reap_cancelled()
+        self._prefill()
+        if self.scheduler.slots.decoding:
+            self._decode()
+        self.scheduler.end_step()
+
+    # -- prefill -------------------------------------------------------------------------------
+
+    def _prefill(self) -> None:
+        sched = self.scheduler
+        budget = sched.prefill_budget
+        if sched.slots.prefilling is None:
+            batch = sched.take_short_prompts(budget)
+            if len(batch) > 1:
+                self._prefill_batch(batch)
+                return
+            sched.requeue(batch)  # a single prompt takes the (chunkable) path below
+        while budget > 0 and (group := sched.start_prefill()) is not None:
+            parent, prompt = group.sequences[0], group.request.prompt_ids
+            chunk = prompt[group.prefilled : group.prefilled + budget]
+            embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
+            if embeds is not None:
+                embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
+            try:
+                logits = self.runner.prefill(parent.slot, chunk, group.prefilled,
+                                             adapter=group.params.lora_adapter, embeds=embeds)
+            except Exception as exc:  # a forward failure on one prompt must not take the engine down
+                log.exception("prefill failed for %s", group.request.request_id)
+                sched.abort(group, "error", request_error(exc, "prefill"))
+                continue
+            group.prefilled += len(chunk)
+            parent.kv_len = group.prefilled
+            budget -= len(chunk)
+            if group.prefilled == len(prompt):
+                sched.slots.prefilling = None
+                sched.cache_prompt(group)
+                rows = sched.place(group)
+                self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
+
+    def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
+        """Several short prompts in one forward: a step's cost is mostly reading the weights once."""
+        sched = self.scheduler
+        slot = len(sched.slots.decoding)
+        for group in groups:
+            sched.new_parent(group).slot = slot
+            slot += group.params.width  # its n/best_of children take the slots right after it
+        try:
+            logits = self.runner.prefill_batch(
+                [g.sequences[0].slot for g in groups], [g.request.prompt_ids for g in groups],
+                [g.params.lora_adapter for g in groups])
+        except Exception as exc:  # a forward failure must not take the engine down
+            if is_device_fault(exc):
+                raise
+            log.exception("batched prefill failed; prefilling its requests one by one")
+            self._prefill_groups_alone(groups)
+            return
+        rows: list[Sequence] = []
+        for group in groups:
+            group.prefilled = len(group.request.prompt_ids)
+            group.sequences[0].kv_len = group.prefilled
+            sched.cache_prompt(group)
+            rows += sched.place(group)
+        if len(rows) > len(groups):  # n/best_of: each candidate samples from its prompt's logits
+            # given its output size, repeat_interleave needs no host sync to size the result
+            widths = stage([g.params.width for g in groups], torch.long, logits.device)
+            logits = logits.repeat_interleave(widths, dim=0, output_size=len(rows))
+        self._sample_and_advance(logits, rows)
+
+    def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
+        """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails
+        (e.g. their adapter) fail. Slots are handed out again over the survivors only."""
+        slot = len(self.scheduler.slots.decoding)
+        survivors: list[tuple[SequenceGroup, torch.Tensor]] = []
+        for group in groups:
+            prompt = group.request.prompt_ids
+            group.sequences[0].slot = slot
+            try:
+                logits = self.runner.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
+            except Exception as exc:
+                self.scheduler.abort(group, "error", request_error(exc, "prefill"))
+                continue
+            group.prefilled = group.sequences[0].kv_len = len(prompt)
+            survivors.append((group, logits))
+            slot += group.params.width
+        rows: list[Sequence] = []
+        for group, _ in survivors:
+            rows += self.scheduler.place(group)  # every survivor is placed before any is sampled
+        if rows:
+            self._sample_and_advance(torch.cat([row[None].repeat(g.params.width, 1) for g, row in survivors]), rows)
+
+    # -- decode --------------------------------------------------------------------------------
+
+    def _decode(self) -> None:
+        rows = list(self.scheduler.slots.decoding)
+        tokens = [s.output_ids[-1] for s in rows]
+        positions = [s.kv_len for s in rows]
+        adapters = [s.params.lora_adapter for s in rows]
+        try:
+            logits = self.runner.decode(tokens, positions, adapters)
+        except Exception as exc:
+            if is_device_fault(exc):
+                raise
+            log.exception("batched decode failed; retrying its rows one by one")
+            self._decode_rows_alone(rows)
+            return
+        for s in rows:
+            s.kv_len += 1
+        self._sample_and_advance(logits, rows)
+
+    def _decode_rows_alone(self, rows: list[Sequence]) -> None:
+        """After a failed batched step: one forward per row (a one-token prefill at its position writes
+        the same K/V), so that only the rows whose own forward fails (e.g. their adapter) fail."""
+        ok: list[Sequence] = []
+        row_logits: list[torch.Tensor] = []
+        failures: Failures = {}
+        for seq in rows:
+            if id(seq.group) in failures:
+                continue
+            try:
+                row_logits.append(self.runner.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
+                                                      adapter=seq.params.lora_adapter))
+            except Exception as exc:
+                failures[id(seq.group)] = (seq.group, request_error(exc, "decode"))
+                continue
+            ok.append(seq)
+        keep = [i for i, seq in enumerate(ok) if id(seq.group) not in failures]
+        ok = [ok[i] for i in keep]
+        for seq in ok:
+            seq.kv_len += 1
+        self.scheduler.fail(failures)  # after the K/V of the good rows is counted, so compaction moves all of it
+        if ok:
+            self._sample_and_advance(torch.stack([row_logits[i] for i in keep]), ok)
+
+    # -- sample, process outputs, update -------------------------------------------------------
+
+    def _sample_and_advance(self, logits: torch.Tensor, rows: list[Sequence]) -> None:
+        masks = {i: s.grammar.apply_mask for i, s in enumerate(rows) if s.grammar is not None}
+        try:
+            out = self.sampler.sample(logits, rows, masks)
+        except Exception as exc:
+            if is_device_fault(exc):
+                raise
+            log.exception("sampling failed")
+            self.scheduler.fail({id(s.group): (s.group, request_error(exc, "sampling")) for s in rows})
+            return
+        failures: Failures = {}
+        for i, error in out.row_errors.items():
+            failures.setdefault(id(rows[i].group), (rows[i].group, request_error(error, "sampling")))
+        self._observe_tokens(rows)
+        for i, seq in enumerate(rows):
+            if id(seq.group) in failures:
+                continue
+            try:
+                self.outputs.advance(seq, out.tokens[i], out.logprobs[i], out.top[i] if out.top else None)
+            except Exception as exc:
+                failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
+                log.exception("output handling failed for %s", seq.group.request.request_id)
+        self._update(rows, failures)
+
+    def _update(self, rows: list[Sequence], failures: Failures) -> None:
+        """Retire the finished rows and close their requests (releasing the done ones), fail the failed ones,
+        and stream what the running ones released."""
+        sched = self.scheduler
+        for seq in rows:
+            if seq.finished and id(seq.group) not in failures:
+                sched.cache_finished(seq)
+                sched.retire(seq)
+                try:
+                    if self.outputs.close_finished(seq.group):
+                        sched.slots.release(seq.group)
+                except Exception as exc:
+                    log.exception("closing failed for %s", seq.group.request.request_id)
+                    failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
+        sched.fail(failures)
+        groups = {id(s.group): s.group for s in rows if id(s.group) not in failures}
+        self.outputs.emit_stream_deltas(list(groups.values()))
+
+    def _observe_tokens(self, rows: list[Sequence]) -> None:
+        self.stats.generation_tokens += len(rows)
+        now = time.monotonic()
+        for seq in rows:
+            if seq.last_token_at is not None:
+                self.stats.observe("inter_token_latency", now - seq.last_token_at)
+            seq.last_token_at = now
