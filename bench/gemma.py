@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from bench.engine import Bench
+from bench.engine import NEW_TOKENS, Bench
 from engine.llm_engine import EngineConfig, LLMEngine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +50,10 @@ class GemmaBench(Bench):
         self.model = self.engine.model
         self.prompts = [self.engine.encode_prompt(p) for p in PROMPTS]
         self._rid = 0
+
+    def hf_generate(self, batch: list[list[int]], new_tokens: int = NEW_TOKENS):
+        with self.engine.runner.decoder.hf_attention():  # HF's own sdpa, as HF serves it
+            return super().hf_generate(batch, new_tokens)
 
     def warm_up(self) -> None:
         self.hf_generate(self.prompts[:1], 8)
