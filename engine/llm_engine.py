@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,7 +218,8 @@ class LLMEngine:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def _drain_incoming(self) -> None:
+    def _take_incoming(self) -> Iterator[EngineRequest]:
+        """The submitted requests not yet taken by the loop, each counted off the pending total."""
         while True:
             try:
                 request = self._incoming.get_nowait()
@@ -226,6 +227,10 @@ class LLMEngine:
                 return
             with self._lock:
                 self._pending -= 1
+            yield request
+
+    def _drain_incoming(self) -> None:
+        for request in self._take_incoming():
             try:
                 self.core.scheduler.add(request)
             except Exception as exc:  # a fault admitting one request fails that request, not the loop
@@ -266,11 +271,5 @@ class LLMEngine:
     def _fail_incoming(self) -> None:
         """End the requests submitted but not yet taken by the (dead) loop."""
         error = EngineError("inference_error", "the engine failed; retry the request")
-        while True:
-            try:
-                request = self._incoming.get_nowait()
-            except queue.Empty:
-                return
-            with self._lock:
-                self._pending -= 1
+        for request in self._take_incoming():
             request.on_output(RequestOutput(request.request_id, 0, "", "error", final=True, error=error))
