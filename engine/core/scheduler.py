@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import logging
 import time
 
@@ -23,6 +24,8 @@ from engine.runner.model_runner import ModelRunner
 from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
+
+BYPASS_LIMIT = 64  # how many later requests may start before a waiting one that does not fit yet
 
 
 class Scheduler:
@@ -79,14 +82,34 @@ class Scheduler:
         if self.reasoning:
             group.reasoning = True
             group.thinking_open = self.tokenizer.decode(request.prompt_ids[-8:]).rstrip().endswith("<think>")
-        if group.kv_need > self.kv_budget:
+        share = self.kv_budget // 2
+        if group.kv_need > share:  # one request never holds more than half: the rest is always there for others
             raise EngineError(
                 "invalid_request",
-                f"n x (prompt + max tokens) = {group.kv_need} token positions exceeds this engine's KV budget "
-                f"of {self.kv_budget}; lower n/best_of or the token limit",
+                f"n x (prompt + max tokens) = {group.kv_need} token positions exceeds one request's share "
+                f"({share}, half) of this engine's KV budget of {self.kv_budget}; lower n/best_of or the token limit",
                 "n" if params.width > 1 else params.max_tokens_param,
             )
         self.waiting.append(group)
+
+    def _admissible(self, slots_in_use: int, reserved: int, after: int = 0) -> SequenceGroup | None:
+        """The first waiting request (from index `after`) that fits now. Not strict FIFO: one that must wait for
+        room does not hold back a later one that fits, but each may be passed over at most BYPASS_LIMIT times,
+        so a large request is not starved by a stream of small ones."""
+        for index in range(after, len(self.waiting)):
+            group = self.waiting[index]
+            if self.slots.fits(group, slots_in_use, reserved):
+                return group
+            if group.bypassed >= BYPASS_LIMIT:
+                return None  # its turn: nothing goes past it until it fits
+        return None
+
+    def _take(self, group: SequenceGroup) -> None:
+        """Out of the waiting queue; every request it went past counts one more bypass."""
+        index = self.waiting.index(group)
+        for passed in itertools.islice(self.waiting, index):
+            passed.bypassed += 1
+        del self.waiting[index]
 
     def _admit(self, group: SequenceGroup) -> None:
         self.slots.reserve(group)
@@ -150,12 +173,13 @@ class Scheduler:
     # -- prefill -------------------------------------------------------------------------------
 
     def take_short_prompts(self, budget: int) -> list[SequenceGroup]:
-        """Waiting requests whose whole prompt fits the step's budget (FIFO), for one batched prefill."""
+        """Waiting requests whose whole prompt fits the step's budget (in order, see _admissible), for one
+        batched prefill."""
         batch: list[SequenceGroup] = []
         slots, reserved = len(self.slots.decoding), self.slots.reserved
-        for group in self.waiting:
+        while group := self._admissible(slots, reserved, self.waiting.index(batch[-1]) + 1 if batch else 0):
             size = len(group.request.prompt_ids)
-            if size > budget or group.request.prompt_embeds is not None or not self.slots.fits(group, slots, reserved):
+            if size > budget or group.request.prompt_embeds is not None:
                 break
             if self.prefix_cache is not None and self.prefix_cache.lookup(group.request.prompt_ids,
                                                                           self._cache_salt(group), touch=False):
@@ -165,7 +189,7 @@ class Scheduler:
             slots += group.params.width
             reserved += group.kv_need
         for group in batch:
-            self.waiting.popleft()
+            self._take(group)
             self._admit(group)
         return batch
 
@@ -179,9 +203,10 @@ class Scheduler:
         """The request whose prompt is being prefilled: the one in progress, else the next waiting one if it
         fits (admitted now, its cached prefix loaded into its slot); None when nothing can start."""
         if self.slots.prefilling is None:
-            if not self.waiting or not self.slots.fits(self.waiting[0], len(self.slots.decoding), self.slots.reserved):
+            group = self._admissible(len(self.slots.decoding), self.slots.reserved)
+            if group is None:
                 return None  # wait for slots / KV budget to free up
-            group = self.waiting.popleft()
+            self._take(group)
             self._admit(group)
             self.slots.prefilling = group
             self._load_cached_prefix(group, self.new_parent(group))

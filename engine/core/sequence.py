@@ -87,6 +87,7 @@ class SequenceGroup:
         self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once
         self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admitted = False  # holds a KV reservation in the scheduler
+        self.bypassed = 0  # later requests admitted while this one waited for room (Scheduler._admissible)
         self.reasoning = False  # the model declares reasoning: split <think> text from content
         self.thinking_open = False  # the rendered prompt already opened the thinking block
         params = request.params
