@@ -1,8 +1,9 @@
 """Routing across two real tritonserver processes behind one gateway.
 
 Two Tritons serve the same model repository; the gateway's pool `default` lists both. Which Triton
-served a request is read from each Triton's own metrics (`nv_inference_request_success` for the
-model), so the test observes real placement, not the gateway's opinion of it.
+served a request is read from each Triton's own metrics (the engine's finished-requests counter for the
+model), so the test observes real placement, not the gateway's opinion of it. Triton's own
+`nv_inference_request_success` also counts the gateway's liveness probes (gateway/supervisor.py), so it cannot.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from tests.e2e.conftest import MODEL, SIE_MODEL
 
 TRITON_MODEL = "smollm2_135m_instruct"
-METRIC = "nv_inference_request_success"
+METRIC = "sie_engine_request_success_total"  # by finish reason; exported every 0.5 s
 
 
 @dataclass
@@ -126,12 +127,29 @@ def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float
     return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
+def _settled_counts(stack: TwoTritons) -> dict[str, float]:
+    """The counts once the requests already answered have reached /metrics (one export period and more)."""
+    time.sleep(1.0)
+    return stack.counts()
+
+
+def _served_since(stack: TwoTritons, before: dict[str, float], n: int) -> dict[str, float]:
+    """Per Triton, the requests served since `before`, once all `n` show (the engine's counters reach /metrics
+    on its next export, every 0.5 s)."""
+    deadline = time.monotonic() + 5
+    delta = _delta(before, stack.counts())
+    while sum(delta.values()) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+        delta = _delta(before, stack.counts())
+    return delta
+
+
 def _placement(stack: TwoTritons, send, n: int = 4) -> dict[str, float]:
-    before = stack.counts()
+    before = _settled_counts(stack)
     for _ in range(n):
         r = send()
         assert r.status_code == 200, r.text
-    return _delta(before, stack.counts())
+    return _served_since(stack, before, n)
 
 
 def test_same_routing_key_lands_on_one_triton(two_tritons):
@@ -152,22 +170,22 @@ def test_same_prompt_cache_key_lands_on_one_triton(two_tritons):
 
 
 def test_different_keys_spread_across_both(two_tritons):
-    before = two_tritons.counts()
+    before = _settled_counts(two_tritons)
     for i in range(8):
         assert _generate(two_tritons.base_url, routing_key=f"spread-{i}").status_code == 200
         assert _chat(two_tritons.base_url, prompt_cache_key=f"spread-chat-{i}").status_code == 200
-    delta = _delta(before, two_tritons.counts())
+    delta = _served_since(two_tritons, before, 16)
     assert sum(delta.values()) == 16
     assert all(v >= 2 for v in delta.values()), delta
 
 
 def test_no_key_spreads_by_load(two_tritons):
     """Without a key: least outstanding requests, so concurrent requests use both Tritons."""
-    before = two_tritons.counts()
+    before = _settled_counts(two_tritons)
     with ThreadPoolExecutor(8) as pool:
         statuses = list(pool.map(lambda _: _generate(two_tritons.base_url).status_code, range(16)))
     assert statuses == [200] * 16
-    delta = _delta(before, two_tritons.counts())
+    delta = _served_since(two_tritons, before, 16)
     assert all(v > 0 for v in delta.values()), delta
 
 
@@ -180,7 +198,7 @@ def test_killed_triton_traffic_moves_to_survivor(two_tritons):
     os.killpg(victim.proc.pid, signal.SIGKILL)
     victim.proc.wait(timeout=10)
 
-    before = survivor.served()
+    before = _settled_counts(two_tritons)[survivor.name]
     # straight away (the gateway still believes the victim healthy), then after its refresh noticed
     for round_ in range(2):
         for i in range(3):
