@@ -60,3 +60,24 @@ class Run:
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+class RaisingGrammar:
+    """A grammar state whose mask fails at the given step (an xgrammar failure for one request)."""
+
+    def __init__(self, fail_at: int = 2) -> None:
+        self.calls, self.fail_at = 0, fail_at
+
+    def apply_mask(self, logits_row) -> None:
+        self.calls += 1
+        if self.calls >= self.fail_at:
+            raise RuntimeError("matcher failed")
+
+    def accept(self, token: int) -> bool:
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def fork(self):
+        return RaisingGrammar(self.fail_at)

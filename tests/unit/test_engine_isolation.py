@@ -12,7 +12,7 @@ import torch
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 
-from .engine_run import PROMPTS, Run, greedy
+from .engine_run import PROMPTS, RaisingGrammar, Run, greedy
 
 MORE_PROMPTS = [*PROMPTS, "The three largest planets of the solar system are", "List two fruits."]
 
@@ -100,27 +100,6 @@ def test_finished_grammar_ends_the_candidate_despite_eos_bans(real_engine, make_
 
 
 # -- defect 4: failures kept to one request -----------------------------------------------------------
-
-
-class RaisingGrammar:
-    """A grammar state whose mask fails at the given step (an xgrammar failure for one request)."""
-
-    def __init__(self, fail_at: int = 2) -> None:
-        self.calls, self.fail_at = 0, fail_at
-
-    def apply_mask(self, logits_row: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls >= self.fail_at:
-            raise RuntimeError("matcher failed")
-
-    def accept(self, token: int) -> bool:
-        return True
-
-    def is_terminated(self) -> bool:
-        return False
-
-    def fork(self):
-        return RaisingGrammar(self.fail_at)
 
 
 class SingleRowFailingDelta:

@@ -20,6 +20,8 @@ from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import GrammarRequest, SamplingParams  # noqa: E402
 
+from .engine_run import RaisingGrammar  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 GEMMA_DIR = Path(os.environ.get("SIE_MODEL_CACHE") or REPO / ".cache" / "models") / "gemma-3-270m"
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
@@ -107,32 +109,11 @@ def test_grammars_are_obeyed(gemma_engine, grammar, check):
     assert outs[-1].finish_reason == "stop" and check(text(outs))
 
 
-class FailingGrammar:
-    """A grammar state whose mask fails at its third step (an xgrammar failure for one request)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def apply_mask(self, logits_row) -> None:
-        self.calls += 1
-        if self.calls >= 3:
-            raise RuntimeError("matcher failed")
-
-    def accept(self, token: int) -> bool:
-        return True
-
-    def is_terminated(self) -> bool:
-        return False
-
-    def fork(self):
-        return FailingGrammar()
-
-
 def test_a_failing_row_fails_only_its_request(gemma_engine):
     (reference,) = run(gemma_engine, PROMPTS[:1], [greedy(8)])
     bad, good = queue.Queue(), queue.Queue()
     gemma_engine.submit(EngineRequest("bad", gemma_engine.encode_prompt(PROMPTS[2]), greedy(8), bad.put, False,
-                                      grammar=FailingGrammar))
+                                      grammar=lambda: RaisingGrammar(fail_at=3)))
     gemma_engine.submit(EngineRequest("good", gemma_engine.encode_prompt(PROMPTS[0]), greedy(8), good.put, False))
     failed = drain(bad)[-1]
     assert failed.error is not None and failed.error.code == "inference_error"
