@@ -154,23 +154,35 @@ class PathOnlyAccessLog(logging.Filter):
 class DrainingServer(Server):
     """uvicorn's server, which also starts the app's drain on SIGTERM/SIGINT/SIGQUIT (gateway/drain.py).
 
-    uvicorn itself stops accepting, closes idle connections and waits for the open ones; the drain makes
-    `/readyz` fail at once and ends what is still streaming at the deadline, before gunicorn's SIGKILL."""
+    uvicorn itself closes idle connections and waits for the open ones; the drain makes `/readyz` fail and ends
+    what is still streaming at the deadline, before gunicorn's SIGKILL. Accepting stops in the same callback, before
+    `/readyz` fails: uvicorn would stop only at its next tick (up to 100 ms later), and a client that saw readiness
+    fail could still open a connection to this worker in that gap."""
 
     def __init__(self, config, graceful_s: float) -> None:
         super().__init__(config)
         self.graceful_s = graceful_s
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sockets: list = []
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._sockets = list(sockets or [])
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop_accepting_then_drain)
+
+    def _stop_accepting_then_drain(self) -> None:
+        for server in getattr(self, "servers", []):  # uvicorn's shutdown closes them again; both are idempotent
+            server.close()
+        for sock in self._sockets:  # this process's copy of gunicorn's listener
+            sock.close()
         drain = getattr(self.config.app, "drain", None)
-        if drain is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(drain.begin, self.graceful_s)
+        if drain is not None:
+            drain.begin(self.graceful_s)
 
 
 class GatewayWorker(UvicornWorker):

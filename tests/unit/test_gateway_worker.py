@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
 import socket
 import struct
 import threading
@@ -20,7 +21,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from devstack.net import free_port
-from gateway.worker import GatewayHttpProtocol, GatewayWorker
+from gateway.drain import Drain
+from gateway.worker import DrainingServer, GatewayHttpProtocol, GatewayWorker
 
 KEEP_ALIVE_S = 60  # far longer than the test: a protocol still alive at the end is held by its timer
 
@@ -189,3 +191,50 @@ def test_headers_under_the_limit_with_a_large_body_are_served():
             assert chunk, received
             received += chunk
         assert received.startswith(b"HTTP/1.1 200 "), received[:200]
+
+
+class _RecordingDrain(Drain):
+    """The app's drain, which records whether the server still accepted when readiness began to fail."""
+
+    def __init__(self, server_ref: list) -> None:
+        super().__init__()
+        self.server_ref, self.serving_at_begin = server_ref, None
+
+    def begin(self, graceful_s: float) -> None:
+        self.serving_at_begin = [s.is_serving() for s in self.server_ref[0].servers]
+        super().begin(graceful_s)
+
+
+def test_sigterm_stops_accepting_before_readiness_fails():
+    """A client that has seen `/readyz` fail must not get a new connection to this worker (uvicorn alone stops
+    accepting at its next tick, up to 100 ms after the signal)."""
+    listener = socket.create_server(("127.0.0.1", 0))  # gunicorn binds the socket and hands it to the worker
+    port = listener.getsockname()[1]
+    server_ref: list = []
+    drain = _RecordingDrain(server_ref)
+
+    async def app(scope, receive, send) -> None:
+        await _app(scope, receive, send)
+
+    app.drain = drain  # type: ignore[attr-defined]
+    server = DrainingServer(uvicorn.Config(app, loop="uvloop", lifespan="off", log_level="warning"), graceful_s=30)
+    server_ref.append(server)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        assert b" 200 " in _get(sock, "/")
+    try:
+        server.handle_exit(signal.SIGTERM, None)
+        while not drain.draining:
+            assert time.monotonic() < deadline + 10, "the drain did not begin"
+            time.sleep(0.001)
+        assert drain.serving_at_begin == [False]
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
