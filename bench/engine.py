@@ -11,6 +11,7 @@ identically for HF and the engine):
                     per-prompt rates (engine_speedup_c1 is the median of the 8 paired ratios).
   hf_static_c8      HF `generate` of the 8 prompts as one left-padded batch.
   engine_cN         N concurrent requests (16 = the 8 prompts twice).
+  step_bN_ms        one pure decode step of N rows in those runs, by phase (engine/core/step_timing.py).
   late_ttft_s       time to the first output of a request submitted while 6 others are decoding.
   features_ratio_c8 tok/s with every sampler feature on over plain greedy, both at 8 concurrent.
   n4_ratio          wall time of one n=4 request over 4 separate concurrent requests of the same prompt.
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from engine.core.step_timing import PHASES
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.sampling_params import GrammarRequest, SamplingParams
 
@@ -296,10 +298,14 @@ def main() -> None:
     b.warm_up()
 
     r: dict = {}
+    timing = b.engine.core.timing
+    timing.reset()
     r.update(b.sequential_and_c1())
     r["hf_static_c8_tps"] = b.static_batch()
     r["engine_c8_tps"] = b.concurrency(8)
     r["engine_c16_tps"] = b.concurrency(16)
+    # the greedy c1/c8/c16 runs' pure decode steps, before the feature rows run more steps at 8
+    r["step_breakdown_ms"] = {b_: v for b_, v in timing.summary().items() if b_ in (1, 8, 16)}
     r["late_ttft_s"] = b.late_ttft()
     rows = {"features": features_params}
     if _engine_supports_grammar():
@@ -332,6 +338,9 @@ def main() -> None:
     print(f"greedy_first16_match_hf: {r['greedy_first16_match_hf']} prompts")
     print(f"plain_c8_tps (ratio rows): {r['plain_c8_tps']:.2f}, all sampler features {r['features_c8_tps']:.2f}")
     print(f"n4_wall_s: {r['n4_wall_s']:.2f} vs 4 separate {r['separate4_wall_s']:.2f}")
+    for batch, ms in r["step_breakdown_ms"].items():
+        parts = " | ".join(f"{phase} {ms[phase]:.2f}" for phase in PHASES)
+        print(f"step_b{batch}_ms: wall {ms['wall']:.1f} = {parts} | outside forward {100 * ms['outside_forward']:.0f}%")
     for prof in r.get("decode_step_profile", []):
         print(
             f"decode_step_b{prof['batch']}_ms: forward {prof['forward_ms']:.1f}, sampler greedy "

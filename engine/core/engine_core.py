@@ -22,6 +22,7 @@ import torch
 from engine.core.output_processor import OutputStage, Postprocess
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, is_device_fault, request_error
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.sampler import Sampler
@@ -43,13 +44,19 @@ class EngineCore:
                                    prefix_cache_tokens, reasoning)
         self.stats = self.scheduler.stats
         self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, postprocess)
+        self.timing = StepTiming()  # where a decode step's time goes (bench/engine.py prints it)
 
     def step(self) -> None:
+        self.timing.start()
         self.scheduler.reap_cancelled()
         self._prefill()
-        if self.scheduler.slots.decoding:
+        self.timing.lap("schedule")
+        decoding = len(self.scheduler.slots.decoding)
+        if decoding:
             self._decode()
         self.scheduler.end_step()
+        self.timing.lap("schedule")
+        self.timing.end(decoding)
 
     # -- prefill -------------------------------------------------------------------------------
 
@@ -59,10 +66,12 @@ class EngineCore:
         if sched.slots.prefilling is None:
             batch = sched.take_short_prompts(budget)
             if len(batch) > 1:
+                self.timing.prefilled()
                 self._prefill_batch(batch)
                 return
             sched.requeue(batch)  # a single prompt takes the (chunkable) path below
         while budget > 0 and (group := sched.start_prefill()) is not None:
+            self.timing.prefilled()
             parent, prompt = group.sequences[0], group.request.prompt_ids
             chunk = prompt[group.prefilled : group.prefilled + budget]
             embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
@@ -142,6 +151,7 @@ class EngineCore:
         tokens = [s.output_ids[-1] for s in rows]
         positions = [s.kv_len for s in rows]
         adapters = [s.params.lora_adapter for s in rows]
+        self.timing.lap("stage")
         try:
             logits = self.runner.decode(tokens, positions, adapters)
         except Exception as exc:
@@ -152,6 +162,7 @@ class EngineCore:
             return
         for s in rows:
             s.kv_len += 1
+        self.timing.lap("forward")
         self._sample_and_advance(logits, rows)
 
     def _decode_rows_alone(self, rows: list[Sequence]) -> None:
@@ -190,6 +201,7 @@ class EngineCore:
             log.exception("sampling failed")
             self.scheduler.fail({id(s.group): (s.group, request_error(exc, "sampling")) for s in rows})
             return
+        self.timing.lap("sample")
         failures: Failures = {}
         for i, error in out.row_errors.items():
             failures.setdefault(id(rows[i].group), (rows[i].group, request_error(error, "sampling")))
@@ -202,7 +214,9 @@ class EngineCore:
             except Exception as exc:
                 failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))
                 log.exception("output handling failed for %s", seq.group.request.request_id)
+        self.timing.lap("outputs")
         self._update(rows, failures)
+        self.timing.lap("emit")
 
     def _update(self, rows: list[Sequence], failures: Failures) -> None:
         """Retire the finished rows and close their requests (releasing the done ones), fail the failed ones,
