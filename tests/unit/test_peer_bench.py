@@ -108,3 +108,50 @@ def test_repository_in_dtype_copies_the_model_folder_and_leaves_the_checked_in_p
     assert CONFIG.read_text() == before
     assert profile_parameters(repository_in_dtype(tmp_path, "float32").joinpath(
         MODEL_NAME, "config.pbtxt").read_text())["dtype"] == "float32"
+
+
+def test_the_bench_alternates_one_server_at_a_time_in_each_dtype_and_writes_every_ratio(
+        monkeypatch, tmp_path, capsys):
+    import json
+
+    import bench.peer as peer
+
+    events: list[str] = []
+    up: list[str] = []
+
+    def fake_run(side):
+        def run(dtype, log_dir, rounds, **kwargs):
+            assert not up, f"{side} started while {up} was up"
+            up.append(side)
+            events.append(f"{side}-{dtype}")
+            slower = 0.6 if side == "ours" else 1.0
+            result = figures(slower, cold_ttft=1.0 / slower)
+            up.remove(side)
+            return (result, True) if side == "ours" else result
+        return run
+
+    probes = iter([140.0] * 14 + [100.0])  # before bf16's last vLLM run (8 probes a dtype): 29 % slower
+    monkeypatch.setattr(peer, "run_ours", fake_run("ours"))
+    monkeypatch.setattr(peer, "run_vllm", fake_run("vllm"))
+    monkeypatch.setattr(peer, "probe_gflops", lambda: next(probes, 140.0))
+    monkeypatch.setattr(peer, "RESULTS", tmp_path / "peer.json")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").touch()
+    monkeypatch.setattr(peer, "VLLM_VENV", tmp_path / "venv")
+    monkeypatch.setattr(peer.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "logs"))
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setattr("sys.argv", ["bench.peer"])
+    peer.main()
+    assert events == ["ours-float32", "vllm-float32", "ours-float32", "vllm-float32",
+                      "ours-bfloat16", "vllm-bfloat16", "ours-bfloat16", "vllm-bfloat16"]
+    out = capsys.readouterr().out
+    assert "peer_ratio_c1_fp32: 0.600\n" in out and "peer_cold_ttft_ratio_fp32: 1.667\n" in out
+    assert "peer_noisy_fp32: 0" in out and "peer_noisy_bf16: 1" in out
+    assert "peer_ratio_c1_bf16: 0.600  noisy" in out
+    assert "vllm_bench_serve_ok: 1" in out
+    saved = json.loads((tmp_path / "peer.json").read_text())
+    assert saved["order"] == ["ours", "vllm", "ours", "vllm"]
+    assert set(saved["dtypes"]["fp32"]["ratios"]) == {
+        "peer_ratio_c1", "peer_ratio_c8", "peer_ratio_c16", "peer_ttft_ratio_c8", "prefix_ttft_ratio",
+        "peer_prefix_ttft_ratio", "peer_cold_ttft_ratio"}
+    assert saved["dtypes"]["bf16"]["noisy"] and not saved["dtypes"]["fp32"]["noisy"]
