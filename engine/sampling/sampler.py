@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from engine.sampling.draw import choose
 from engine.sampling.penalty_counts import PenaltyCounts
 from engine.sampling_params import SamplingParams
 from engine.staging import row_index, stage
@@ -64,8 +65,21 @@ class Sampler:
         engine.staging); the chosen ids, their logprobs and any top logprobs cross to the host in one
         transfer, the step's only sync.
         """
-        vocab = logits.shape[-1]
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        vocab, b = logits.shape[-1], len(rows)
+        device = logits.device
+        # the raw distribution, read before anything changes the logits: its normaliser (one reduction, no
+        # [B, V] log-softmax), the top logprobs asked for, and the raw rows that bias, penalties or a grammar
+        # will change (a stop-token ban only touches tokens that are then not chosen)
+        lse = torch.logsumexp(logits, dim=-1)
+        want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
+        k = max((rows[i].params.top_logprobs for i in want_top), default=0)
+        if want_top:
+            top_index = row_index(want_top, b, device)
+            top_values, top_id_t = logits[top_index].topk(k, dim=-1)
+            top_values = top_values - lse[top_index][:, None]
+        changed = [i for i, r in enumerate(rows)
+                   if r.params.logit_bias or r.params.uses_penalties or (grammar_masks and i in grammar_masks)]
+        raw_changed = logits[row_index(changed, b, device)].clone() if changed else None
         row_errors: dict[int, Exception] = {}
         self._apply_bias_and_penalties(logits, rows, vocab, row_errors)
         for i, apply_mask in (grammar_masks or {}).items():
@@ -76,15 +90,15 @@ class Sampler:
         for i in row_errors:
             logits[i] = 0.0  # a failed row still gets a (discarded) draw; keep it finite
         self._mask_stop_tokens(logits, rows)
-        tokens = self._choose(logits, rows)
-        chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0].clamp(min=LOGPROB_FLOOR)
-        b = len(rows)
+        tokens = choose(logits, rows)
+        chosen_raw = logits.gather(1, tokens[:, None])[:, 0]
+        if raw_changed is not None:
+            index = row_index(changed, b, device)
+            chosen_raw[index] = raw_changed.gather(1, tokens[index][:, None])[:, 0]
+        chosen = (chosen_raw - lse).clamp(min=LOGPROB_FLOOR)
         parts = [tokens.double(), chosen.double()]  # float64 holds every token id exactly
-        want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
-        k = max((rows[i].params.top_logprobs for i in want_top), default=0)
         if want_top:
-            top_values, top_index = raw_logprobs[row_index(want_top, b, logits.device)].topk(k, dim=-1)
-            parts += [top_index.double().flatten(), top_values.clamp(min=LOGPROB_FLOOR).double().flatten()]
+            parts += [top_id_t.double().flatten(), top_values.clamp(min=LOGPROB_FLOOR).double().flatten()]
         host = torch.cat(parts).tolist()  # the one device -> host transfer of the step
         ids, logprobs = host[:b], host[b : 2 * b]
         top: list[list[tuple[int, float]] | None] = [None] * b
@@ -98,25 +112,25 @@ class Sampler:
 
     def _mask_stop_tokens(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> None:
         """min_tokens bans EOS and the request's stop ids until reached; ignore_eos bans EOS. A ban never
-        empties a row: when a grammar allows nothing but the end, the candidate ends (finish `stop`)."""
+        empties a row: when a grammar allows nothing but the end, the candidate ends (finish `stop`).
+
+        Only the banned (row, token) entries are written, and put back on a row the ban left with nothing (one
+        max per row, not a [B, V] mask)."""
         early = [len(r.output_ids) < r.params.min_tokens for r in rows]
-        banned_rows = [i for i, r in enumerate(rows) if early[i] or r.params.ignore_eos]
-        if not banned_rows:
-            return
-        vocab, device = logits.shape[-1], logits.device
-        # the (row, token) pairs to ban cross to the device in one small copy; the mask is made there
         pairs: list[tuple[int, int]] = []
-        for j, i in enumerate(banned_rows):
-            extra = rows[i].params.stop_token_ids if early[i] else []
-            pairs += [(j, t) for t in {*self.stop_ids, *extra} if 0 <= t < vocab]
-        ban = torch.zeros(len(banned_rows), vocab, dtype=torch.bool, device=device)
-        if pairs:
-            where = stage(pairs, torch.long, device)
-            ban[where[:, 0], where[:, 1]] = True
-        index = row_index(banned_rows, len(rows), device)
-        sub = logits[index]
-        kept = sub.masked_fill(ban, float("-inf"))
-        logits[index] = torch.where(torch.isfinite(kept).any(dim=-1, keepdim=True), kept, sub)
+        vocab, device = logits.shape[-1], logits.device
+        for i, r in enumerate(rows):
+            if early[i] or r.params.ignore_eos:
+                extra = r.params.stop_token_ids if early[i] else []
+                pairs += [(i, t) for t in {*self.stop_ids, *extra} if 0 <= t < vocab]
+        if not pairs:
+            return
+        where = stage(pairs, torch.long, device)
+        banned_rows, banned_tokens = where[:, 0], where[:, 1]
+        kept = logits[banned_rows, banned_tokens]
+        logits[banned_rows, banned_tokens] = float("-inf")
+        emptied = logits.amax(dim=-1) == float("-inf")  # [B]: the ban left this row nothing
+        logits[banned_rows, banned_tokens] = torch.where(emptied[banned_rows], kept, float("-inf"))
 
     def _apply_bias_and_penalties(self, logits: torch.Tensor, rows: Sequence[SamplerRow], vocab: int,
                                   row_errors: dict[int, Exception]) -> None:
@@ -141,64 +155,33 @@ class Sampler:
         settings = stage([[rows[i].params.repetition_penalty, rows[i].params.presence_penalty,
                            rows[i].params.frequency_penalty] for i in penalised], logits.dtype, device)
         rep, pres, freq = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
+        prompt = None
         if any(rows[i].params.repetition_penalty != 1.0 for i in penalised):
-            # HF/vLLM definition: over prompt and output tokens, shrink toward zero
-            seen = torch.stack([rows[i].prompt_mask(vocab, device) for i in penalised]) | (counts > 0)
-            scaled = torch.where(sub > 0, sub / rep, sub * rep)
-            sub = torch.where(seen, scaled, sub)
-        # OpenAI definition: over generated tokens only
-        sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
-        logits[index] = sub
-
-    def _choose(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> torch.Tensor:
-        """Greedy rows take the argmax; sampled rows draw by inverse CDF with one uniform from their own
-        generator (a vectorised `searchsorted`, far cheaper than a multinomial per row). The uniforms
-        are drawn on the host from each row's own generator, so a seeded row draws the same alone, in
-        any batch and on any device."""
-        tokens = logits.argmax(dim=-1)
-        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if not sampled:
-            return tokens
-        device = logits.device
-        vocab = logits.shape[-1]
-        params = [rows[i].params for i in sampled]
-        # one uniform per row from its own host generator, staged with the row settings in one copy
-        draws = [torch.rand(1, generator=rows[i].generator, dtype=torch.float64, device="cpu").item()
-                 for i in sampled]
-        settings = stage([[p.temperature, p.top_p, p.top_k if 0 < p.top_k < vocab else vocab, u]
-                          for p, u in zip(params, draws, strict=True)], torch.float64, device)
-        temps, top_ps = settings[:, 0:1].to(logits.dtype), settings[:, 1].to(logits.dtype)
-        top_ks, uniform = settings[:, 2].long(), settings[:, 3]
-        index = row_index(sampled, len(rows), device)
-        sub = logits[index] / temps
-        uses_top_p = any(p.top_p < 1.0 for p in params)
-        width = max(p.top_k if 0 < p.top_k < vocab else vocab for p in params)
-        if uses_top_p or width < vocab:
-            # candidates in descending order: when every row has a top_k, that subset is exact (top_p is
-            # taken over the renormalised top-k, as HF and vLLM do); a row without one needs the full sort
-            values, order = sub.sort(dim=-1, descending=True) if width == vocab else sub.topk(width, dim=-1)
-            values = values.masked_fill(torch.arange(width, device=device)[None, :] >= top_ks[:, None],
-                                        float("-inf"))
-            probs = torch.softmax(values, dim=-1)
-            if uses_top_p:
-                # keep the smallest prefix whose mass reaches top_p (the top token always survives)
-                probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) >= top_ps[:, None], 0.0)
-            # back to vocabulary order, so a row's draw never depends on what else is in the batch
-            probs = torch.zeros_like(sub).scatter_(1, order, probs)
-        else:
-            probs = torch.softmax(sub, dim=-1)
-        tokens[index] = _inverse_cdf(probs, uniform)
-        return tokens
+            prompt = torch.stack([rows[i].prompt_mask(vocab, device) for i in penalised])
+        penalise = penalise_sparse if device.type == "cpu" else penalise_dense
+        logits[index] = penalise(sub, counts, prompt, rep, pres, freq)
 
 
-def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """[B] tokens for [B, V] probabilities and [B] float64 uniforms in [0, 1); never a zero-probability token.
+def penalise_dense(sub: torch.Tensor, counts: torch.Tensor, prompt: torch.Tensor | None, rep: torch.Tensor,
+                   pres: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """Penalties over whole [P, V] rows: a few elementwise kernels and no host sync (the GPU's path)."""
+    if prompt is not None:
+        # HF/vLLM definition: over prompt and output tokens, shrink toward zero
+        scaled = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(prompt | (counts > 0), scaled, sub)
+    # OpenAI definition: over generated tokens only
+    return sub - freq * counts - pres * (counts > 0).to(sub.dtype)
 
-    The first index whose cumulative mass exceeds the target has positive probability as long as the target
-    lies below the total. In the logits' dtype the uniform itself can round to 1.0 (about 3e-8 of float32
-    draws), so the CDF is summed in float64 and the target kept strictly below the row's total.
-    """
-    cdf = probs.to(torch.float64).cumsum(dim=-1)
-    total = cdf[:, -1]
-    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
+
+def penalise_sparse(sub: torch.Tensor, counts: torch.Tensor, prompt: torch.Tensor | None, rep: torch.Tensor,
+                    pres: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """The same arithmetic on the (row, token) entries it changes only (the CPU's path): a row has seen a few
+    hundred tokens of a vocabulary of 50k-250k, and each full-row pass costs about as much as the whole rest."""
+    if prompt is not None:
+        r, t = (prompt | (counts > 0)).nonzero(as_tuple=True)
+        v, f = sub[r, t], rep[r, 0]
+        sub[r, t] = torch.where(v > 0, v / f, v * f)
+    r, t = counts.nonzero(as_tuple=True)
+    c = counts[r, t]
+    sub[r, t] = sub[r, t] - freq[r, 0] * c - pres[r, 0]
+    return sub
