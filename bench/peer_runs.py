@@ -74,15 +74,30 @@ def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"vLLM not healthy after {timeout:.0f} s")
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """vLLM forks an engine core process; stop the whole group we started."""
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the id now names someone else's group: ours is gone
+        return False
+    return True
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """vLLM forks an engine core process; stop the whole group we started, and return once every member is gone:
+    the next server (and the probe after this run) must not share the CPU with an engine core still exiting."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+        time.sleep(0.2)
+    if _group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10  # SIGKILL is not refused; bounded all the same, in case no one reaps
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _vllm_env(log_dir: Path) -> dict[str, str]:

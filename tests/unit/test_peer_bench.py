@@ -155,3 +155,29 @@ def test_the_bench_alternates_one_server_at_a_time_in_each_dtype_and_writes_ever
         "peer_ratio_c1", "peer_ratio_c8", "peer_ratio_c16", "peer_ttft_ratio_c8", "prefix_ttft_ratio",
         "peer_prefix_ttft_ratio", "peer_cold_ttft_ratio"}
     assert saved["dtypes"]["bf16"]["noisy"] and not saved["dtypes"]["fp32"]["noisy"]
+
+
+def test_stopping_vllm_waits_for_every_process_of_its_group_not_only_the_leader():
+    """vLLM's api server forks an engine core; a core still alive (here: one that ignores SIGTERM) would share
+    the CPU with the next server and with the probe after the run."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.peer_runs import _group_alive, _stop_group
+
+    script = ("import os, signal, sys, time\n"
+              "if os.fork() == 0:\n"
+              "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "    time.sleep(60)\n"
+              "    os._exit(0)\n"
+              "print('forked', flush=True)\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == b"forked\n"
+    try:
+        _stop_group(proc, timeout=1.0)
+        assert not _group_alive(proc.pid)
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, 9)
