@@ -36,14 +36,14 @@ from typing import Any
 from bench.cpu_probe import probe_gflops
 from bench.peer_runs import VLLM_VENV, run_ours, run_vllm
 from bench.peer_stats import RATIOS, alternation, median_figures, noise_reasons, ratios
+from bench.peer_workload import FULL, QUICK, Workload
 from devstack.triton import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench" / "results" / "peer.json"
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
-ROUNDS = 3
 
 
-def run_dtype(dtype: str, sides: tuple[str, ...], runs_each: int, rounds: int, log_root: Path,
+def run_dtype(dtype: str, sides: tuple[str, ...], runs_each: int, workload: Workload, log_root: Path,
               bench_serve: bool) -> dict:
     """Every alternated run of one dtype, with the probes around each; the figures, medians, ratios, verdict."""
     short = DTYPES[dtype]
@@ -60,10 +60,10 @@ def run_dtype(dtype: str, sides: tuple[str, ...], runs_each: int, rounds: int, l
         started = time.monotonic()
         if side == "ours":
             want_serve = bench_serve and bench_ok is None
-            figures, ok = run_ours(dtype, log_dir, rounds, bench_serve=want_serve)
+            figures, ok = run_ours(dtype, log_dir, workload, bench_serve=want_serve)
             bench_ok = ok if want_serve else bench_ok
         else:
-            figures = run_vllm(dtype, log_dir, rounds)
+            figures = run_vllm(dtype, log_dir, workload)
         after = probe_gflops()
         print(f"[{label}] cpu probe after: {after:.1f} GFLOP/s ({time.monotonic() - started:.0f} s)", flush=True)
         runs.append({"side": side, "label": label, "probe_before": before, "probe_after": after,
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, of: " + ", ".join(DTYPES))
     parser.add_argument("--runs", type=int, default=2, help="runs of each server per dtype, alternated")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke check: one round of each figure, one run a side (always noisy)")
+                        help="a smoke check: one run a side, one round, 16 new tokens (always noisy)")
     opts = parser.parse_args()
     dtypes = [d.strip() for d in opts.dtypes.split(",") if d.strip()]
     unknown = [d for d in dtypes if d not in DTYPES]
@@ -135,15 +135,16 @@ def main() -> None:
     have_vllm = (VLLM_VENV / "bin" / "python").exists()
     if not have_vllm and not opts.skip_vllm:
         sys.exit(f"no vLLM venv at {VLLM_VENV}: run bench/install_vllm_peer.sh first")
-    runs_each, rounds = (1, 1) if opts.quick else (opts.runs, ROUNDS)
+    runs_each, workload = (1, QUICK) if opts.quick else (opts.runs, FULL)
     sides = ("ours",) if opts.skip_vllm else ("ours", "vllm")
     log_root = Path(tempfile.mkdtemp(prefix="bench-peer-"))
     print(f"logs: {log_root}", flush=True)
-    results: dict[str, Any] = {"commit": _commit(), "cpu": _cpu_name(), "rounds": rounds,
-               "runs_each": runs_each, "order": alternation(runs_each, sides), "dtypes": {}}
+    results: dict[str, Any] = {"commit": _commit(), "cpu": _cpu_name(), "rounds": workload.rounds,
+                               "new_tokens": workload.new_tokens, "runs_each": runs_each,
+                               "order": alternation(runs_each, sides), "dtypes": {}}
     bench_ok = None
     for dtype in dtypes:
-        result = run_dtype(dtype, sides, runs_each, rounds, log_root, bench_serve=have_vllm and bench_ok is None)
+        result = run_dtype(dtype, sides, runs_each, workload, log_root, bench_serve=have_vllm and bench_ok is None)
         bench_ok = result["vllm_bench_serve_ok"] if bench_ok is None else bench_ok
         results["dtypes"][DTYPES[dtype]] = result
     for result in results["dtypes"].values():

