@@ -83,14 +83,13 @@ class LLMEngine:
             self.tokenizer.chat_template = config.chat_template
         decoder = build_decoder(model, config.model_impl, config.max_len)
         fused = isinstance(decoder, Decoder)
-        if config.lora_paths and not fused:
-            raise ValueError("LoRA adapters (lora_paths) are served on the fused forward only; this model runs on "
-                             "the transformers path")
         if processor is not None:
             self.vision = VisionPrompter(model, processor, self.tokenizer, decoder.embed)
         graphs = on_gpu and config.cuda_graphs and fused  # captured for the fused forward only
-        self.runner = ModelRunner(decoder, config.max_slots, config.max_len,
-                                  load_adapters(model, config.lora_paths or {}), graphs)
+        # each path its own adapters: lifted into the fused forward, or peft's LoRA layers in the HF modules
+        paths = config.lora_paths or {}
+        adapters = load_adapters(model, paths) if isinstance(decoder, Decoder) else decoder.load_adapters(paths)
+        self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.core = EngineCore(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
                                config.kv_budget_tokens, config.prefix_cache_tokens,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import choose_kind, linear, pack
 from engine.model.loading import language_model, unsupported_features
-from engine.model.lora import LoraBatch
+from engine.model.lora import AdapterTable, LoraBatch
 from engine.staging import stage
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
@@ -99,6 +99,16 @@ class Decoder:
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions."""
         return KVCache(len(self.layers), slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device)
+
+    def lora_batch(self, adapters: AdapterTable, token_adapters: list[str | None]) -> LoraBatch:
+        """One forward's LoRA rows: `token_adapters` has an entry per row of its activations."""
+        return LoraBatch(adapters, token_adapters, self.device)
+
+    @staticmethod
+    def batch_token_adapters(prompts: list[list[int]], adapters: list[str | None]) -> list[str | None]:
+        """`prefill_batch` right-pads every prompt to the longest: one entry per padded token."""
+        longest = max(len(p) for p in prompts)
+        return [adapter for adapter in adapters for _ in range(longest)]
 
     def set_linear_kind(self, kind: str) -> None:
         """Lay the linear weights out for `kind` ("dnnl": prepacked for oneDNN; otherwise dense)."""

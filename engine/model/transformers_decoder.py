@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import choose_kind, linear, pack
 from engine.model.loading import language_model
+from engine.model.transformers_lora import BASE, AdapterRows, PeftAdapter, load_peft_adapters
 from engine.staging import stage
 
 ATTENTION_NAME = "sie_kv"
@@ -161,7 +162,9 @@ def transformers_path_gaps(hf_model: torch.nn.Module) -> list[str]:
 def use_linear_kind(module: torch.nn.Module, kind: str) -> None:
     """Every nn.Linear under `module` runs on `kind`'s kernel (engine.model.linear_kernels): with "dnnl" its
     weight is prepacked once for oneDNN, which on AVX-512 runs these GEMMs 2-4x faster than F.linear (MKL's
-    path on AMD). The dense weight stays (the HF model is still whole); the packed copy is extra memory."""
+    path on AMD). The dense weight stays (the HF model is still whole); the packed copy is extra memory.
+    LoRA adapters (engine.model.transformers_lora) wrap these modules and call them as peft's `base_layer`: the
+    packed kernel keeps running every base GEMM, for rows with and without adapters."""
     if kind != "dnnl":
         return
     for sub in module.modules():
@@ -178,7 +181,8 @@ class TransformersDecoder:
     """Prefill and batched decode through the model's own transformers code, on a KV cache passed in.
 
     The fused `Decoder`'s interface (engine.model.decoder), so the runner and the scheduler cannot tell them
-    apart. `max_len` is unused (no RoPE tables of ours: the model computes its own)."""
+    apart. `max_len` is unused (no RoPE tables of ours: the model computes its own). A `lora` argument is one
+    peft adapter name per packed token (`lora_batch`), or None when no row of the forward has an adapter."""
 
     def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
         problems = transformers_path_gaps(hf_model)
@@ -202,7 +206,22 @@ class TransformersDecoder:
         first = [m.weight.detach() for m in inner.layers[0].modules() if isinstance(m, torch.nn.Linear)]
         self.linear_kind = choose_kind(self.device, first)
         use_linear_kind(hf_model, self.linear_kind)  # the layers' linears and the LM head
+        self.adapter_rows = AdapterRows()  # set only for the length of a forward with adapter rows
         self._check_against_the_models_own_forward()
+
+    def load_adapters(self, paths: dict[str, str]) -> dict[str, PeftAdapter]:
+        """peft LoRA adapters in the model's own modules, served per row (engine.model.transformers_lora)."""
+        return load_peft_adapters(self.model, self.head, self.adapter_rows, paths)
+
+    @staticmethod
+    def lora_batch(adapters: dict, token_adapters: list[str | None]) -> list[str]:
+        """One forward's adapter per packed token, in peft's names (`adapters`: the runner's table, unused)."""
+        return [name or BASE for name in token_adapters]
+
+    @staticmethod
+    def batch_token_adapters(prompts: list[list[int]], adapters: list[str | None]) -> list[str | None]:
+        """`prefill_batch` packs the prompts back to back: one entry per prompt token."""
+        return [adapter for prompt, adapter in zip(prompts, adapters, strict=True) for _ in prompt]
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions, every layer."""
@@ -237,33 +256,29 @@ class TransformersDecoder:
             out = torch.tanh(out / self.logit_cap) * self.logit_cap
         return out
 
-    def _hidden(self, ids: torch.Tensor, step: AttentionStep, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def _hidden(self, ids: torch.Tensor, step: AttentionStep, embeds: torch.Tensor | None = None,
+                lora: list[str] | None = None) -> torch.Tensor:
         inputs = {"inputs_embeds": embeds[None]} if embeds is not None else {"input_ids": ids[None]}
-        out = self.base(**inputs, position_ids=step.positions[None], use_cache=False, sie_step=step)
+        with self.adapter_rows.using(lora):
+            out = self.base(**inputs, position_ids=step.positions[None], use_cache=False, sie_step=step)
         return out.last_hidden_state[0]
 
-    @staticmethod
-    def _no_lora(lora) -> None:
-        if lora:  # refused at load (engine.llm_engine); a row reaching here would run without its adapter
-            raise ValueError("LoRA adapters are served on the fused forward only")
-
     @torch.inference_mode()
-    def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora=None,
+    def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora: list[str] | None = None,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
-        self._no_lora(lora)
         n = len(token_ids)
         ids = stage(token_ids, torch.long, self.device)
         positions = torch.arange(start, start + n, device=self.device)
         slots = torch.full((n,), slot, dtype=torch.long, device=self.device)
         step = AttentionStep(cache, slots, positions, [Segment(slot, start, n, 0)])
-        hidden = self._hidden(ids, step, embeds.to(self.device) if embeds is not None else None)
+        hidden = self._hidden(ids, step, embeds.to(self.device) if embeds is not None else None, lora)
         return self.logits(hidden[-1:])[0]
 
     @torch.inference_mode()
-    def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]], lora=None) -> torch.Tensor:
+    def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
+                      lora: list[str] | None = None) -> torch.Tensor:
         """Whole prompts of several new sequences in one packed forward; returns [k, V] last logits."""
-        self._no_lora(lora)
         segments, offset = [], 0
         for slot, prompt in zip(slots, prompts, strict=True):
             segments.append(Segment(slot, 0, len(prompt), offset))
@@ -274,14 +289,13 @@ class TransformersDecoder:
                        [s.offset + s.length - 1 for s in segments] + [0] * (offset - len(segments))],
                       torch.long, self.device)
         step = AttentionStep(cache, table[1], table[2], segments)
-        return self.logits(self._hidden(table[0], step)[table[3, :len(segments)]])
+        return self.logits(self._hidden(table[0], step, lora=lora)[table[3, :len(segments)]])
 
     @torch.inference_mode()
     def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
-                      lora=None, masked: bool = True) -> torch.Tensor:
+                      lora: list[str] | None = None, masked: bool = True) -> torch.Tensor:
         """One decode step for slots 0..B-1 on device tensors (row i feeds its token at its position); returns
         the final-normed hidden states [B, hidden]. Each row always attends to its own prefix (and window)."""
-        self._no_lora(lora)
         rows = torch.arange(token_tensor.shape[0], device=self.device)
         step = AttentionStep(cache, rows, positions_t, None, span=span)
-        return self._hidden(token_tensor, step)
+        return self._hidden(token_tensor, step, lora=lora)

@@ -8,24 +8,26 @@ graphs are on and no row uses an adapter, eagerly otherwise (or when no graph fi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.model.kv_cache import KVCache
-from engine.model.lora import AdapterTable, LoraBatch
 from engine.model.selection import AnyDecoder
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.staging import stage
 
 
 class ModelRunner:
-    def __init__(self, decoder: AnyDecoder, slots: int, max_len: int, adapters: AdapterTable | None = None,
+    def __init__(self, decoder: AnyDecoder, slots: int, max_len: int, adapters: dict[str, Any] | None = None,
                  cuda_graphs: bool = False, capture: bool | None = None) -> None:
         """`cuda_graphs`: replay decode steps from graphs (`capture=False` runs the same padded, bucketed
         step eagerly, which is how the CPU tests check it; None: capture on CUDA)."""
         self.decoder = decoder
         self.device = decoder.device
         self.cache: KVCache = decoder.new_cache(slots, max_len)
-        self.adapters: AdapterTable = adapters if adapters is not None else {}
+        # served adapter name -> what the decoder's LoRA rows need (engine.model.lora, .transformers_lora)
+        self.adapters: dict[str, Any] = adapters if adapters is not None else {}
         self.graphs = DecodeGraphs(self._graph_step, slots, max_len, decoder.hidden_size, decoder.dtype,
                                    decoder.device, capture) if cuda_graphs else None
 
@@ -33,8 +35,9 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.decoder.vocab_size
 
-    def _lora(self, row_adapters: list[str | None]) -> LoraBatch | None:
-        return LoraBatch(self.adapters, row_adapters, self.device) if any(row_adapters) else None
+    def _lora(self, token_adapters: list[str | None]):
+        """The decoder's LoRA rows for one forward (an adapter per row of its activations), None without any."""
+        return self.decoder.lora_batch(self.adapters, token_adapters) if any(token_adapters) else None
 
     def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,8 +47,7 @@ class ModelRunner:
 
     def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
         """Whole prompts of several new sequences in one forward; returns [k, V] last logits."""
-        longest = max(len(p) for p in prompts)
-        lora = self._lora([a for a in adapters for _ in range(longest)]) if any(adapters) else None
+        lora = self._lora(self.decoder.batch_token_adapters(prompts, adapters)) if any(adapters) else None
         return self.decoder.prefill_batch(self.cache, slots, prompts, lora)
 
     @torch.inference_mode()
