@@ -63,7 +63,13 @@ def text(outs) -> str:
 
 
 def logprobs(outs) -> list[float]:
-    return [round(e["logprob"], 4) for o in outs for e in (o.logprobs or [])]
+    """The chosen tokens' logprobs, to compare within float noise: a batch's GEMMs sum in another order than one
+    row's (the tokens themselves must match exactly; rounding to a fixed decimal flipped near a boundary)."""
+    return [e["logprob"] for o in outs for e in (o.logprobs or [])]
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) > 0 and a == pytest.approx(b, abs=1e-4)
 
 
 def greedy(n: int = 10) -> SamplingParams:
@@ -78,7 +84,7 @@ def seeded(seed: int) -> SamplingParams:
 def test_same_tokens_alone_and_batched(gemma_engine, make):
     (alone,) = run(gemma_engine, PROMPTS[:1], [make()])
     batched = run(gemma_engine, PROMPTS, [make(), greedy(6), seeded(3), greedy(14)])
-    assert text(batched[0]) == text(alone) and logprobs(batched[0]) == logprobs(alone)
+    assert text(batched[0]) == text(alone) and close(logprobs(batched[0]), logprobs(alone))
 
 
 def test_a_prefix_cache_hit_gives_the_same_tokens(gemma_engine):
@@ -86,7 +92,7 @@ def test_a_prefix_cache_hit_gives_the_same_tokens(gemma_engine):
     (first,) = run(gemma_engine, [prompt], [greedy(8)])
     (second,) = run(gemma_engine, [prompt], [greedy(8)])
     assert first[-1].cached_tokens == 0 and second[-1].cached_tokens >= 16
-    assert text(second) == text(first) and logprobs(second) == logprobs(first)
+    assert text(second) == text(first) and close(logprobs(second), logprobs(first))
 
 
 def test_streaming_equals_blocking(gemma_engine):
@@ -118,7 +124,7 @@ def test_a_failing_row_fails_only_its_request(gemma_engine):
     failed = drain(bad)[-1]
     assert failed.error is not None and failed.error.code == "inference_error"
     served = drain(good)
-    assert text(served) == text(reference) and logprobs(served) == logprobs(reference)
+    assert text(served) == text(reference) and close(logprobs(served), logprobs(reference))
 
 
 def drain(q: queue.Queue) -> list:
