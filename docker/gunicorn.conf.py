@@ -69,3 +69,27 @@ def child_exit(server, worker) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def when_ready(server) -> None:
+    """On SIGTERM, shut the listening sockets down in the master, before any worker is signalled.
+
+    The workers share one listening socket. Each worker closes its own copy when its SIGTERM arrives,
+    but the kernel keeps completing handshakes while any copy is open, so between the first worker's
+    503 on /readyz and the last worker's close a new connection was still taken (CI caught one).
+    shutdown() on a listening socket ends it for every process that holds it: from here on a connect
+    is refused. Skipped during a USR2 re-exec, where the new master serves on the same socket."""
+    import socket
+
+    handle_term = server.handle_term
+
+    def refuse_new_connections_then_stop() -> None:
+        if not getattr(server, "reexec_pid", 0):
+            for listener in server.LISTENERS:
+                try:
+                    listener.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already shut, or a socket kind without shutdown
+                    pass
+        handle_term()
+
+    server.handle_term = refuse_new_connections_then_stop

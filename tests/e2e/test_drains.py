@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -133,6 +134,36 @@ def test_sigterm_to_the_gateway_drains_then_ends_what_is_left_in_band_and_exits_
     print(f"\ngateway drain: readiness failed {not_ready_s * 1000:.0f} ms after SIGTERM; 6/6 streams that fit in "
           f"the grace finished whole, 2/2 longer ones ended with server_shutting_down + [DONE] at "
           f"{max(o.ended_at for o in outcomes[6:]) - term_at:.2f} s; exit {code} after {exit_s:.2f} s")
+
+
+def test_no_connection_is_taken_after_sigterm_even_while_a_worker_has_not_seen_it(tmp_path):
+    """The workers share one listening socket, and the kernel completes handshakes while any process holds it.
+    With one worker stopped (busy, or not scheduled yet on a loaded box) the other's close alone left the
+    socket open; the master now shuts it for all of them before signalling any (docker/gunicorn.conf.py)."""
+    import psutil
+
+    port = free_port()
+    gateway = start_gateway(free_port(), port, workers=2, log_path=tmp_path / "gateway.log",
+                            extra_env={"SIE_AUTH_MODE": "none", "GATEWAY_GRACEFUL_TIMEOUT": "3"})
+    late = None
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+        deadline = time.monotonic() + 60
+        while (tmp_path / "gateway.log").read_text().count("Application startup complete") < 2:
+            assert time.monotonic() < deadline, "two workers never started"
+            time.sleep(0.1)
+        late = psutil.Process(gateway.pid).children()[1]
+        late.suspend()  # this worker will not act on its SIGTERM until resumed
+        gateway.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the master has shut the listener and signalled both; the other worker has closed its copy
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        if late is not None:
+            late.resume()
+        code = gateway.wait(timeout=15) if gateway.poll() is None else gateway.returncode
+        stop(gateway)
+    assert code == 0
 
 
 def test_sigterm_to_one_of_two_tritons_loses_no_stream_and_no_request(tmp_path):
