@@ -117,8 +117,9 @@ def _static_decode(runner: ModelRunner, token_t: torch.Tensor, pos_t: torch.Tens
     group = fwd.n_heads // fwd.n_kv
     mask = (torch.arange(span)[None, :] <= pos_t[:, None])[:, None, None, :]
     kc, vc = cache.k, cache.v
+    rope = fwd._rope_at(pos_t)
     for i, w in enumerate(fwd.layers):
-        q, k, v = fwd._qkv(w, forward_module._rms_norm(h, w.input_norm, fwd.eps), pos_t, None, i)
+        q, k, v = fwd._qkv(w, forward_module._rms_norm(h, w.input_norm, fwd.eps), rope, None, i)
         kc[i, rows, :, pos_t] = k
         vc[i, rows, :, pos_t] = v
         attn = F.scaled_dot_product_attention(q.view(b, fwd.n_kv, group, fwd.head_dim), kc[i, :b, :, :span],

@@ -45,9 +45,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE in HF's form, x * cos + rotate_half(x) * sin, bit for bit: rotate_half's minus sign lives in the
+    `sin_signed` table, so swapping the halves is one flip, not a neg and a cat (decode is dispatch-bound)."""
+    return x * cos + x.unflatten(-1, (2, -1)).flip(-2).flatten(-2) * sin_signed
 
 
 def _fuse_linears(linears: list[torch.nn.Module], name: str = "weight") -> torch.Tensor:
@@ -147,28 +148,27 @@ class Decoder:
         inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=self.device) / dim))
         t = torch.arange(max_len, dtype=torch.float32, device=self.device)
         freqs = torch.outer(t, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(self.dtype)
-        self.sin = emb.sin().to(self.dtype)
+        self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(self.dtype)
+        self.sin_signed = torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(self.dtype)
 
-    def _qkv(self, w: LayerWeights, h: torch.Tensor, positions: torch.Tensor, lora: LoraBatch | None, layer: int):
-        """h: [N, hidden]; positions: [N] -> q [N, H, D], k/v [N, Hkv, D] with RoPE applied."""
+    def _rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE tables at each row's position [N, 1, D], gathered once per forward for every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
+
+    def _qkv(self, w: LayerWeights, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+             lora: LoraBatch | None, layer: int):
+        """h: [N, hidden]; rope: `_rope_at(positions)` -> q [N, H, D], k/v [N, Hkv, D] with RoPE applied."""
         x = linear(h, w.qkv, w.qkv_bias)
         if lora:
             x = lora.add(layer, "qkv", h, x, self.qkv_splits)
-        d = self.head_dim
-        q, k, v = x.split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
-        q = q.view(-1, self.n_heads, d)
-        k = k.view(-1, self.n_kv, d)
-        v = v.view(-1, self.n_kv, d)
-        if w.q_norm is not None:
-            q = _rms_norm(q, w.q_norm, self.eps)
-            k = _rms_norm(k, w.k_norm, self.eps)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q, k, v
+        d, nq, nk = self.head_dim, self.n_heads, self.n_kv
+        v = x[:, (nq + nk) * d :].view(-1, nk, d)
+        if w.q_norm is None:  # q and k side by side in x: one RoPE over both heads
+            qk = _rotate(x[:, : (nq + nk) * d].view(-1, nq + nk, d), *rope)
+            return qk[:, :nq], qk[:, nq:], v
+        q = _rms_norm(x[:, : nq * d].view(-1, nq, d), w.q_norm, self.eps)
+        k = _rms_norm(x[:, nq * d : (nq + nk) * d].view(-1, nk, d), w.k_norm, self.eps)
+        return _rotate(q, *rope), _rotate(k, *rope), v
 
     def _o_proj(self, w: LayerWeights, attn: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
         out = linear(attn, w.o_proj)
@@ -203,8 +203,9 @@ class Decoder:
         # causal over the chunk, full over the cached prefix; a fresh prompt needs no mask tensor at all
         mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start) if start else None
         kc, vc = cache.k, cache.v
+        rope = self._rope_at(positions)
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
             kc[i, slot, :, start:end] = k.transpose(0, 1)
             vc[i, slot, :, start:end] = v.transpose(0, 1)
             attn = F.scaled_dot_product_attention(
@@ -239,8 +240,9 @@ class Decoder:
         keys = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
         mask = (causal[None] & keys[:, None, :])[:, None]  # [k, 1, T, T]
         kc, vc = cache.k, cache.v
+        rope = self._rope_at(positions)
         for i, w in enumerate(self.layers):
-            q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions, lora, i)
+            q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
             q = q.view(k, longest, self.n_heads, self.head_dim).transpose(1, 2)
             kk = kk.view(k, longest, self.n_kv, self.head_dim).transpose(1, 2)
             vv = vv.view(k, longest, self.n_kv, self.head_dim).transpose(1, 2)
@@ -265,8 +267,9 @@ class Decoder:
         mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
             if masked else None
         kc, vc = cache.k, cache.v
+        rope = self._rope_at(positions_t)
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), positions_t, lora, i)
+            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
             kc[i, rows, :, positions_t] = k
             vc[i, rows, :, positions_t] = v
             # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]

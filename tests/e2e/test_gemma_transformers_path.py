@@ -70,3 +70,27 @@ def test_json_schema_is_obeyed(openai_client, schema):
     assert reply.choices[0].finish_reason == "stop"
     answer = json.loads(reply.choices[0].message.content)
     assert set(answer) == {"city"} and len(answer["city"]) <= 12
+
+
+CITY_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+                   "additionalProperties": False}}}
+
+
+def test_a_forced_tool_call_is_a_parseable_call_blocking_and_streamed(openai_client):
+    """Tools on the generic path: the forced call's grammar (xgrammar masks on Gemma's 262k vocabulary) makes
+    a call to the named function with arguments that fit its schema, and streamed deltas join to the same."""
+    kwargs = dict(model=GEMMA, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                  max_tokens=60, tools=[CITY_TOOL], tool_choice="required", parallel_tool_calls=False,
+                  temperature=0)
+    choice = openai_client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id and call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city"} and len(arguments["city"]) <= 20
+    deltas = [d for c in openai_client.chat.completions.create(**kwargs, stream=True) if c.choices
+              for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == arguments

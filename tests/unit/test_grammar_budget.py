@@ -30,10 +30,19 @@ def test_a_grammar_over_the_compile_budget_is_refused_in_time_naming_the_field(g
 
 
 def test_a_plain_grammar_compiles_while_a_slow_one_is_still_compiling(grammars):
-    with pytest.raises(EngineError):  # the same slow grammar again: it waits on the compile already running
-        grammars.new_state(GrammarRequest("json_schema", SLOW_SCHEMA))
+    # a schema of its own (not one an earlier test left compiling or cached), about 5 s to compile on a quiet
+    # 2-core box: it is still compiling well after its 1 s budget has refused it
+    slower = {"type": "object", "properties": {f"s{i}": {"type": "string", "pattern": "[a-x]{1,3000}q"}
+                                               for i in range(8)}}
+    deadline = time.monotonic() + 60
+    while grammars._compiling:  # a compile an earlier test left running holds one of the two threads
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(EngineError):
+        grammars.new_state(GrammarRequest("json_schema", slower))
+    started = time.monotonic()
     state = grammars.new_state(GrammarRequest("regex", "(yes|no)"))  # a compile thread is still free
-    assert not state.is_terminated()
+    assert not state.is_terminated() and time.monotonic() - started < 1.0
 
 
 @pytest.mark.parametrize("ebnf", ["root ::= root", 'root ::= a\na ::= a "x"'])

@@ -54,6 +54,52 @@ def test_chunked_prefill_then_decode_past_the_window_equals_hf(gemma):
         _close(runner.decode([ids[pos]], [pos])[0], reference[pos])
 
 
+def _prefill_every_position(runner, slot: int, ids: list[int], start: int):
+    """A prefill as the engine runs it, and its hidden states at every position of the chunk (the runner keeps
+    only the last one's logits): the model's own output, recorded on its way out."""
+    decoder, seen = runner.decoder, []
+    hidden_of = decoder._hidden
+
+    def recording(*args, **kwargs):
+        seen.append(hidden_of(*args, **kwargs))
+        return seen[-1]
+
+    decoder._hidden = recording
+    try:
+        last = runner.prefill(slot, ids, start)
+    finally:
+        del decoder._hidden
+    return last, seen[0]
+
+
+def test_prefill_logits_equal_hf_at_every_position_in_one_prefill_and_in_chunks(gemma):
+    runner, ids, reference, _ = gemma
+    # one 600-token prefill past the 512 window, then chunks whose later ones attend to a cached prefix
+    for chunks in (((0, 600),), ((0, 250), (250, 520), (520, 600))):
+        for start, end in chunks:
+            last, hidden = _prefill_every_position(runner, 3, ids[start:end], start)
+            assert hidden.shape[0] == end - start
+            _close(last, reference[end - 1])
+            for a in range(0, end - start, 100):  # 100 positions of 262k logits at a time
+                b = min(a + 100, end - start)
+                _close(runner.decoder.logits(hidden[a:b]), reference[start + a : start + b])
+
+
+def test_a_model_with_no_chat_template_answers_chat_with_a_400_naming_messages(gemma):
+    from transformers import AutoTokenizer
+
+    from contract.error_codes import lookup
+    from engine.errors import EngineError
+    from engine.text.chat import render_chat
+
+    tokenizer = AutoTokenizer.from_pretrained(GEMMA_DIR)  # the GGUF carries none; the profile adds Gemma's
+    assert not tokenizer.chat_template
+    with pytest.raises(EngineError) as info:
+        render_chat(tokenizer, [{"role": "user", "content": "Hi"}])
+    assert (lookup(info.value.code).http, info.value.param) == (400, "messages")
+    assert "no chat template" in info.value.message
+
+
 def test_batched_rows_at_different_positions_equal_hf(gemma):
     runner, ids, reference, short = gemma
     # row 0: the long sequence past the window; row 1: a short prompt, batched prefill beside another one
