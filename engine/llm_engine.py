@@ -67,8 +67,9 @@ def _one_thread_here_then(threads: int) -> Iterator[None]:
     Why: libgomp gives each thread that runs parallel work a team of its own, and once a process holds more
     OpenMP threads than CPUs it cuts every worker's spin-wait to about 100 spins, so each of a decode step's
     ~1,000 parallel regions waits on a futex wake-up. Loading with a 2-thread team on Triton's thread left one
-    behind, and the loop thread's steps ran 20-30 % slower (2-core box, SmolLM2: B=1 45 -> 37 ms, B=16
-    75 -> 55 ms). The loop thread reads the count when it first runs parallel work (torch's lazy init)."""
+    behind, and the loop thread's steps ran 20-30 % slower (2-core box, SmolLM2, alternated runs: B=1 47-52 ->
+    30-40 ms, B=16 73-88 -> 49-74 ms). The loop thread reads the count when it first runs parallel work (torch's
+    lazy init)."""
     torch.set_num_threads(1)
     try:
         yield
