@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -81,3 +83,27 @@ class RaisingGrammar:
 
     def fork(self):
         return RaisingGrammar(self.fail_at)
+
+
+def generate_all(engine, prompts: list[str], params: list[SamplingParams], stream: bool = False,
+                 cancel_after: int | None = None) -> list[list[RequestOutput]]:
+    """Submit every prompt to a started LLMEngine at once; each request's outputs, in order, up to its final one
+    (`cancel_after`: the first request is cancelled after that many outputs)."""
+    queues, cancelled = [], threading.Event()
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        probe = (lambda: cancelled.is_set()) if cancel_after is not None and i == 0 else None
+        queues.append(engine.generate(f"r{i}-{id(p)}", engine.encode_prompt(prompt), p, stream=stream,
+                                      is_cancelled=probe))
+    results = []
+    for i, q in enumerate(queues):
+        outs = []
+        while not (outs and outs[-1].final):
+            outs.append(q.get(timeout=300))
+            if cancel_after is not None and i == 0 and len(outs) >= cancel_after:
+                cancelled.set()
+        results.append(outs)
+    return results
+
+
+def joined_text(outs) -> str:
+    return "".join(o.text for o in outs)

@@ -21,6 +21,7 @@ from engine.model.linear_kernels import native_bf16  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 from .conftest import MODEL_DIR, _require_model  # noqa: E402
+from .engine_run import generate_all, joined_text  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def add(a, b):",
            "List three primary colours:"]
@@ -38,18 +39,11 @@ def engine(request):
     eng.stop()
 
 
-def _run(engine: LLMEngine, prompts: list[str], params: list[SamplingParams], tag: str):
-    """Submit every prompt at once; each request's (completion text, cached prompt tokens)."""
-    queues = [engine.generate(f"{tag}-{i}", engine.encode_prompt(p), sp, stream=False)
-              for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
-    results = []
-    for q in queues:
-        outs = [q.get(timeout=300)]
-        while not outs[-1].final:
-            outs.append(q.get(timeout=300))
-        assert outs[-1].error is None
-        results.append(("".join(o.text for o in outs), outs[-1].cached_tokens))
-    return results
+def _run(engine: LLMEngine, prompts: list[str], params: list[SamplingParams]):
+    """Every prompt at once; each request's (completion text, cached prompt tokens)."""
+    results = generate_all(engine, prompts, params)
+    assert all(outs[-1].error is None for outs in results)
+    return [(joined_text(outs), outs[-1].cached_tokens) for outs in results]
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9, top_p=0.9, seed=5)],
@@ -58,15 +52,14 @@ def test_same_tokens_alone_and_batched(engine, sampling):
     if engine.config.dtype == "bfloat16":
         pytest.skip("not a bf16 guarantee (module docstring)")
     params = [SamplingParams(max_tokens=24, **sampling) for _ in PROMPTS]
-    alone = [_run(engine, [p], [sp], f"alone-{i}")[0][0]
-             for i, (p, sp) in enumerate(zip(PROMPTS, params, strict=True))]
-    batched = [text for text, _ in _run(engine, PROMPTS, params, "batched")]
+    alone = [_run(engine, [p], [sp])[0][0] for p, sp in zip(PROMPTS, params, strict=True)]
+    batched = [text for text, _ in _run(engine, PROMPTS, params)]
     assert all(alone) and batched == alone
 
 
 def test_a_prefix_cache_hit_gives_the_same_tokens(engine):
     history = "You are a careful assistant. " * 8 + "Question: what is the tallest mountain on Earth? Answer:"
     params = [SamplingParams(max_tokens=16, temperature=0.0)]
-    ((miss, _),) = _run(engine, [history], params, "first")
-    ((hit, cached),) = _run(engine, [history], params, "again")
+    ((miss, _),) = _run(engine, [history], params)
+    ((hit, cached),) = _run(engine, [history], params)
     assert cached > 0 and hit == miss

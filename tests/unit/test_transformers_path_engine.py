@@ -20,7 +20,7 @@ from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from engine.request import EngineRequest  # noqa: E402
 from engine.sampling_params import GrammarRequest, SamplingParams  # noqa: E402
 
-from .engine_run import RaisingGrammar  # noqa: E402
+from .engine_run import RaisingGrammar, generate_all, joined_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GEMMA_DIR = Path(os.environ.get("SIE_MODEL_CACHE") or REPO / ".cache" / "models") / "gemma-3-270m"
@@ -37,29 +37,6 @@ def gemma_engine():
     engine.start()
     yield engine
     engine.stop()
-
-
-def run(engine: LLMEngine, prompts: list[str], params: list[SamplingParams], stream: bool = False,
-        cancel_after: int | None = None) -> list[list]:
-    """Submit every prompt at once; each request's outputs, in order, up to its final one."""
-    queues, cancelled = [], threading.Event()
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        probe = (lambda: cancelled.is_set()) if cancel_after is not None and i == 0 else None
-        queues.append(engine.generate(f"r{i}-{id(p)}", engine.encode_prompt(prompt), p, stream=stream,
-                                      is_cancelled=probe))
-    results = []
-    for i, q in enumerate(queues):
-        outs = []
-        while not (outs and outs[-1].final):
-            outs.append(q.get(timeout=300))
-            if cancel_after is not None and i == 0 and len(outs) >= cancel_after:
-                cancelled.set()
-        results.append(outs)
-    return results
-
-
-def text(outs) -> str:
-    return "".join(o.text for o in outs)
 
 
 def logprobs(outs) -> list[float]:
@@ -82,24 +59,24 @@ def seeded(seed: int) -> SamplingParams:
 
 @pytest.mark.parametrize("make", [lambda: greedy(), lambda: seeded(7)], ids=["greedy", "seeded"])
 def test_same_tokens_alone_and_batched(gemma_engine, make):
-    (alone,) = run(gemma_engine, PROMPTS[:1], [make()])
-    batched = run(gemma_engine, PROMPTS, [make(), greedy(6), seeded(3), greedy(14)])
-    assert text(batched[0]) == text(alone) and close(logprobs(batched[0]), logprobs(alone))
+    (alone,) = generate_all(gemma_engine, PROMPTS[:1], [make()])
+    batched = generate_all(gemma_engine, PROMPTS, [make(), greedy(6), seeded(3), greedy(14)])
+    assert joined_text(batched[0]) == joined_text(alone) and close(logprobs(batched[0]), logprobs(alone))
 
 
 def test_a_prefix_cache_hit_gives_the_same_tokens(gemma_engine):
     prompt = "A long shared preamble about the weather in the mountains, " * 4 + "and so"
-    (first,) = run(gemma_engine, [prompt], [greedy(8)])
-    (second,) = run(gemma_engine, [prompt], [greedy(8)])
+    (first,) = generate_all(gemma_engine, [prompt], [greedy(8)])
+    (second,) = generate_all(gemma_engine, [prompt], [greedy(8)])
     assert first[-1].cached_tokens == 0 and second[-1].cached_tokens >= 16
-    assert text(second) == text(first) and close(logprobs(second), logprobs(first))
+    assert joined_text(second) == joined_text(first) and close(logprobs(second), logprobs(first))
 
 
 def test_streaming_equals_blocking(gemma_engine):
-    (streamed,) = run(gemma_engine, PROMPTS[1:2], [greedy(12)], stream=True)
-    (blocking,) = run(gemma_engine, PROMPTS[1:2], [greedy(12)], stream=False)
+    (streamed,) = generate_all(gemma_engine, PROMPTS[1:2], [greedy(12)], stream=True)
+    (blocking,) = generate_all(gemma_engine, PROMPTS[1:2], [greedy(12)], stream=False)
     assert len([o for o in streamed if o.text]) > 1
-    assert text(streamed) == text(blocking)
+    assert joined_text(streamed) == joined_text(blocking)
 
 
 @pytest.mark.parametrize("grammar, check", [
@@ -111,12 +88,12 @@ def test_streaming_equals_blocking(gemma_engine):
 ], ids=["json_schema", "regex"])
 def test_grammars_are_obeyed(gemma_engine, grammar, check):
     params = SamplingParams(temperature=0.8, seed=11, max_tokens=40, grammar=grammar)
-    (outs,) = run(gemma_engine, PROMPTS[3:4], [params])
-    assert outs[-1].finish_reason == "stop" and check(text(outs))
+    (outs,) = generate_all(gemma_engine, PROMPTS[3:4], [params])
+    assert outs[-1].finish_reason == "stop" and check(joined_text(outs))
 
 
 def test_a_failing_row_fails_only_its_request(gemma_engine):
-    (reference,) = run(gemma_engine, PROMPTS[:1], [greedy(8)])
+    (reference,) = generate_all(gemma_engine, PROMPTS[:1], [greedy(8)])
     bad, good = queue.Queue(), queue.Queue()
     gemma_engine.submit(EngineRequest("bad", gemma_engine.encode_prompt(PROMPTS[2]), greedy(8), bad.put, False,
                                       grammar=lambda: RaisingGrammar(fail_at=3)))
@@ -124,7 +101,7 @@ def test_a_failing_row_fails_only_its_request(gemma_engine):
     failed = drain(bad)[-1]
     assert failed.error is not None and failed.error.code == "inference_error"
     served = drain(good)
-    assert text(served) == text(reference) and close(logprobs(served), logprobs(reference))
+    assert joined_text(served) == joined_text(reference) and close(logprobs(served), logprobs(reference))
 
 
 def drain(q: queue.Queue) -> list:
@@ -136,7 +113,7 @@ def drain(q: queue.Queue) -> list:
 
 def test_cancellation_frees_the_slot(gemma_engine):
     params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    (outs,) = run(gemma_engine, PROMPTS[:1], [params], stream=True, cancel_after=2)
+    (outs,) = generate_all(gemma_engine, PROMPTS[:1], [params], stream=True, cancel_after=2)
     assert outs[-1].final and outs[-1].completion_tokens < 200
     sched = gemma_engine.core.scheduler
     for _ in range(100):
