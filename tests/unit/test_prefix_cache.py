@@ -129,3 +129,34 @@ def test_pool_round_trip_is_exact(real_engine):
     assert cache.load(rows, slot=1) == 32
     torch.testing.assert_close(kv.k[:, 1, :, :32], kv.k[:, 0, :, :32], rtol=0, atol=0)
     torch.testing.assert_close(kv.v[:, 1, :, :32], kv.v[:, 0, :, :32], rtol=0, atol=0)
+
+
+def test_pool_round_trip_is_exact_when_the_blocks_sit_in_scattered_rows(real_engine):
+    """Copies go by runs of consecutive rows; an evicted-and-reused pool hands out rows in any order."""
+    decoder = real_engine.runner.decoder
+    kv = KVCache(2, 2, decoder.n_kv, 64, decoder.head_dim, torch.float32, "cpu")
+    kv.k.normal_()
+    kv.v.normal_()
+    cache = PrefixCache(kv, capacity_tokens=64, block_tokens=8)
+    cache.free = [0, 1, 5, 2, 3, 6, 7, 4]  # popped from the end: rows 4, 7, 6, 3, 2, 5 (runs 6-7 and 2-3 go down)
+    tokens = list(range(200, 260))
+    cache.store(tokens, None, slot=0, length=49)
+    rows = cache.lookup(tokens, None)
+    assert rows == [4, 7, 6, 3, 2, 5]
+    assert cache.load(rows, slot=1) == 48
+    torch.testing.assert_close(kv.k[:, 1, :, :48], kv.k[:, 0, :, :48], rtol=0, atol=0)
+    torch.testing.assert_close(kv.v[:, 1, :, :48], kv.v[:, 0, :, :48], rtol=0, atol=0)
+    cache.free = [1, 0]  # a second chain in rows 0-1 (one run), from another slot's K/V
+    other = list(range(300, 320))
+    cache.store(other, None, slot=1, length=16)
+    assert cache.lookup(other, None) == [0, 1]
+    torch.testing.assert_close(cache.k[:, 0:2].permute(0, 2, 1, 3, 4).flatten(2, 3), kv.k[:, 1, :, :16],
+                               rtol=0, atol=0)
+
+
+def test_runs_group_blocks_whose_numbers_and_rows_both_go_up_by_one():
+    from engine.core.prefix_cache import _runs
+
+    assert _runs([(0, 4), (1, 5), (2, 6), (3, 2), (4, 3), (5, 9)]) == [(0, 4, 3), (3, 2, 2), (5, 9, 1)]
+    assert _runs([(0, 7), (1, 6)]) == [(0, 7, 1), (1, 6, 1)]
+    assert _runs([]) == []
