@@ -1,10 +1,10 @@
 """One engine step: the scheduler admits and plans, the runner runs the forwards, the sampler samples, the
 output stage turns tokens into outputs (with the one stop decision), and the scheduler retires and releases.
 
-A step prefills first (one batched forward of whole short prompts, or token-budgeted chunks of one prompt at a
-time), then decodes every running row. New candidates are placed (every one of a step's prefilled requests)
-before any of them is sampled, so a candidate that finishes on its first token can only move rows that already
-sit at their own slot (engine.core.slots).
+A step prefills first (one batched forward of short prompts, each from its cached prefix if it has one, or
+token-budgeted chunks of one prompt at a time), then decodes every running row. New candidates are placed
+(every one of a step's prefilled requests) before any of them is sampled, so a candidate that finishes on its
+first token can only move rows that already sit at their own slot (engine.core.slots).
 
 Failures are kept to the request they belong to: a prefill, a row's forward (e.g. its adapter), a row's
 sampling step or its output handling fails that request with `inference_error` and the batch goes on (a failed
@@ -99,11 +99,12 @@ class EngineCore:
         slot = len(sched.slots.decoding)
         for group in groups:
             sched.new_parent(group).slot = slot
+            sched.load_cached_prefix(group)  # a cached prefix: only the rest of the prompt runs
             slot += group.params.width  # its n/best_of children take the slots right after it
         try:
             logits = self.runner.prefill_batch(
-                [g.sequences[0].slot for g in groups], [g.request.prompt_ids for g in groups],
-                [g.params.lora_adapter for g in groups])
+                [g.sequences[0].slot for g in groups], [g.request.prompt_ids[g.prefilled:] for g in groups],
+                [g.params.lora_adapter for g in groups], starts=[g.prefilled for g in groups])
         except Exception as exc:  # a forward failure must not take the engine down
             if is_device_fault(exc):
                 raise
@@ -130,6 +131,7 @@ class EngineCore:
         for group in groups:
             prompt = group.request.prompt_ids
             group.sequences[0].slot = slot
+            group.cached_tokens = 0  # the whole prompt runs again, in what may be another slot
             try:
                 logits = self.runner.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
             except Exception as exc:

@@ -173,17 +173,14 @@ class Scheduler:
     # -- prefill -------------------------------------------------------------------------------
 
     def take_short_prompts(self, budget: int) -> list[SequenceGroup]:
-        """Waiting requests whose whole prompt fits the step's budget (in order, see _admissible), for one
-        batched prefill."""
+        """Waiting requests whose prompt (past its cached prefix) fits the step's budget (in order, see
+        _admissible), for one batched prefill."""
         batch: list[SequenceGroup] = []
         slots, reserved = len(self.slots.decoding), self.slots.reserved
         while group := self._admissible(slots, reserved, self.waiting.index(batch[-1]) + 1 if batch else 0):
-            size = len(group.request.prompt_ids)
+            size = len(group.request.prompt_ids) - self._cached_tokens(group)
             if size > budget or group.request.prompt_embeds is not None:
                 break
-            if self.prefix_cache is not None and self.prefix_cache.lookup(group.request.prompt_ids,
-                                                                          self._cache_salt(group), touch=False):
-                break  # a cached prefix: only its rest is prefilled, on the chunked path
             batch.append(group)
             budget -= size
             slots += group.params.width
@@ -209,7 +206,8 @@ class Scheduler:
             self._take(group)
             self._admit(group)
             self.slots.prefilling = group
-            self._load_cached_prefix(group, self.new_parent(group))
+            self.new_parent(group).slot = len(self.slots.decoding)
+            self.load_cached_prefix(group)
         self.slots.prefilling.sequences[0].slot = len(self.slots.decoding)
         return self.slots.prefilling
 
@@ -226,10 +224,19 @@ class Scheduler:
             group.cache_salt = (group.params.lora_adapter, digest)
         return group.cache_salt
 
-    def _load_cached_prefix(self, group: SequenceGroup, parent: Sequence) -> None:
+    def _cached_tokens(self, group: SequenceGroup) -> int:
+        """How much of the prompt the prefix cache holds now (a peek: nothing counted or moved)."""
+        if self.prefix_cache is None:
+            return 0
+        rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group), touch=False)
+        return len(rows) * self.prefix_cache.block_tokens
+
+    def load_cached_prefix(self, group: SequenceGroup) -> None:
+        """Copy the cached prefix of the prompt into its parent's slot (already chosen); only the rest is
+        prefilled."""
         if self.prefix_cache is None:
             return
-        parent.slot = len(self.slots.decoding)
+        parent = group.sequences[0]
         rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group))
         group.prefilled = parent.kv_len = group.cached_tokens = self.prefix_cache.load(rows, parent.slot)
         self.stats.prefix_hits += group.cached_tokens

@@ -222,33 +222,38 @@ class Decoder:
 
     @torch.inference_mode()
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
-                      lora: LoraBatch | None = None) -> torch.Tensor:
-        """Whole prompts of several new sequences in one forward (right-padded); returns [k, V] last logits.
-        `lora`: one row per padded token (each prompt padded to the longest).
+                      starts: list[int] | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
+        """The prompts of several new sequences in one forward (right-padded); returns [k, V] last logits.
+        `starts`: positions already in each slot (a cached prefix, loaded), so `prompts` are the rest of each
+        prompt; None: whole prompts. `lora`: one row per padded token (each prompt padded to the longest).
 
-        Pad positions write garbage K/V past each prompt's end; decode overwrites a position before it
-        ever attends to it, so they are never read.
+        Only real tokens write K/V; a pad query attends to its row's real keys (so its garbage stays finite and
+        goes nowhere).
         """
         k, longest = len(prompts), max(len(p) for p in prompts)
-        # one host->device copy of the padded ids, the lengths and the slots
-        table = stage([p + [0] * (longest - len(p)) + [len(p), s] for p, s in zip(prompts, slots, strict=True)],
-                      torch.long, self.device)
-        ids, lengths, slot_index = table[:, :longest], table[:, longest], table[:, longest + 1]
-        positions = torch.arange(longest, device=self.device).repeat(k)
+        starts = starts or [0] * k
+        span = max(s + len(p) for s, p in zip(starts, prompts, strict=True))  # keys any row reads
+        # one host->device copy of the padded ids, the lengths, the slots and the starts
+        table = stage([p + [0] * (longest - len(p)) + [len(p), slot, start]
+                       for p, slot, start in zip(prompts, slots, starts, strict=True)], torch.long, self.device)
+        ids, lengths, slot_index, start_t = (table[:, :longest], table[:, longest], table[:, longest + 1],
+                                             table[:, longest + 2])
+        positions = start_t[:, None] + torch.arange(longest, device=self.device)  # [k, T]
         h = self.embed[ids.reshape(-1)]
-        causal = torch.ones(longest, longest, dtype=torch.bool, device=self.device).tril()
-        keys = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
-        mask = (causal[None] & keys[:, None, :])[:, None]  # [k, 1, T, T]
+        keys = torch.arange(span, device=self.device)[None, None, :]
+        # [k, 1, T, span]: causal from each row's own start, and never past its own last token
+        mask = ((keys <= positions[:, :, None]) & (keys < (start_t + lengths)[:, None, None]))[:, None]
+        real = (positions < (start_t + lengths)[:, None]).reshape(-1).nonzero()[:, 0]  # the tokens that are not pads
+        token_slots, token_positions = slot_index.repeat_interleave(longest)[real], positions.reshape(-1)[real]
         kc, vc = cache.k, cache.v
-        rope = self._rope_at(positions)
+        rope = self._rope_at(positions.reshape(-1).clamp(max=cache.max_len - 1))  # a pad may run past the cache
         for i, w in enumerate(self.layers):
             q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
+            kc[i, token_slots, :, token_positions] = kk[real]
+            vc[i, token_slots, :, token_positions] = vv[real]
             q = q.view(k, longest, self.n_heads, self.head_dim).transpose(1, 2)
-            kk = kk.view(k, longest, self.n_kv, self.head_dim).transpose(1, 2)
-            vv = vv.view(k, longest, self.n_kv, self.head_dim).transpose(1, 2)
-            kc[i, slot_index, :, :longest] = kk
-            vc[i, slot_index, :, :longest] = vv
-            attn = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+            attn = F.scaled_dot_product_attention(q, kc[i, slot_index, :, :span], vc[i, slot_index, :, :span],
+                                                  attn_mask=mask, enable_gqa=True)
             h = h + self._o_proj(w, attn.transpose(1, 2).reshape(k * longest, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
         last = h.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1]

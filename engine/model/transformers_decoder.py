@@ -277,15 +277,16 @@ class TransformersDecoder:
 
     @torch.inference_mode()
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
-                      lora: list[str] | None = None) -> torch.Tensor:
-        """Whole prompts of several new sequences in one packed forward; returns [k, V] last logits."""
+                      starts: list[int] | None = None, lora: list[str] | None = None) -> torch.Tensor:
+        """The prompts of several new sequences in one packed forward; returns [k, V] last logits. `starts`:
+        the positions each slot already holds (a cached prefix), which `prompts` continue; None: whole prompts."""
         segments, offset = [], 0
-        for slot, prompt in zip(slots, prompts, strict=True):
-            segments.append(Segment(slot, 0, len(prompt), offset))
+        for slot, prompt, start in zip(slots, prompts, starts or [0] * len(prompts), strict=True):
+            segments.append(Segment(slot, start, len(prompt), offset))
             offset += len(prompt)
         table = stage([[t for p in prompts for t in p],
                        [s.slot for s in segments for _ in range(s.length)],
-                       [i for p in prompts for i in range(len(p))],
+                       [s.start + i for s in segments for i in range(s.length)],
                        [s.offset + s.length - 1 for s in segments] + [0] * (offset - len(segments))],
                       torch.long, self.device)
         step = AttentionStep(cache, table[1], table[2], segments)

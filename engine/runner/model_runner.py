@@ -45,10 +45,12 @@ class ModelRunner:
         lora = self._lora([adapter] * len(token_ids)) if adapter else None  # every token runs on the adapter
         return self.decoder.prefill(self.cache, slot, token_ids, start, lora, embeds)
 
-    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
-        """Whole prompts of several new sequences in one forward; returns [k, V] last logits."""
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None],
+                      starts: list[int] | None = None) -> torch.Tensor:
+        """The prompts of several new sequences in one forward; returns [k, V] last logits. `starts`: the
+        positions each slot already holds (a cached prefix), which `prompts` continue; None: whole prompts."""
         lora = self._lora(self.decoder.batch_token_adapters(prompts, adapters)) if any(adapters) else None
-        return self.decoder.prefill_batch(self.cache, slots, prompts, lora)
+        return self.decoder.prefill_batch(self.cache, slots, prompts, starts=starts, lora=lora)
 
     @torch.inference_mode()
     def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None

@@ -26,7 +26,7 @@ from engine.errors import EngineError
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.triton.cancel_probe import CancelProbe
+from engine.triton.cancel_probe import CancelProbe, ProbeRate
 from engine.triton.intake import SlowLane
 from engine.triton.metrics import EngineMetrics
 from engine.triton.outbox import coalesce
@@ -119,6 +119,8 @@ class TritonPythonModel:
         self.sender.start()
         self.metrics = EngineMetrics(pb_utils, self.engine, config["name"])
         self.slow_lane = SlowLane(limit=int(p.get("max_queue", "256")))
+        # is_cancelled round trips: a fixed rate for all live requests together
+        self.cancel_rate = ProbeRate(lambda: self.engine.stats.running + self.engine.num_waiting)
         self.engine.on_fatal = self._die
         self.engine.start()
 
@@ -196,7 +198,7 @@ class TritonPythonModel:
         text_input = _input_str(request, "text_input")
         reply.configure(_input_flags(request), text_input if messages is None else None)
         request_id, stream = request.request_id() or "", _input_bool(request, "stream")
-        is_cancelled = CancelProbe(request.is_cancelled)  # a server round trip: rate-limited
+        is_cancelled = CancelProbe(request.is_cancelled, self.cancel_rate)  # a server round trip: rate-limited
 
         def build() -> EngineRequest:
             prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images)

@@ -68,6 +68,36 @@ def test_a_cache_hit_gives_the_same_tokens(make_scheduler, cached_scheduler, tur
     assert hit.ids("b") == reference.ids("b")
 
 
+@pytest.mark.parametrize("params", [greedy(12, ignore_eos=True), seeded()], ids=["greedy", "seeded"])
+def test_cache_hits_arriving_together_prefill_in_one_batch_and_give_the_same_tokens(make_scheduler, cached_scheduler,
+                                                                                    turns, params):
+    """A shared system prompt makes every request a hit: their rests run in one batched forward (each row
+    from its own cached length), not one forward each, and the tokens equal a run with no cache at all."""
+    names = ["b", "c", "other"]  # two hits on the shared history (different lengths cached) and one miss
+    reference = {}
+    for name in names:
+        reference[name] = run_one(make_scheduler(), name, turns[name], copy.deepcopy(params)).ids(name)
+    sched = cached_scheduler()
+    run_one(sched, "a", turns["a"], greedy(1))  # leaves the shared history in the cache
+    batches = []
+    prefill_batch = sched.runner.prefill_batch
+
+    def spy(slots, prompts, adapters, starts=None):
+        batches.append(list(starts or []))
+        return prefill_batch(slots, prompts, adapters, starts=starts)
+
+    sched.runner.prefill_batch = spy
+    run = Run(sched)
+    for name in names:
+        run.add(name, turns[name], copy.deepcopy(params))
+    run.until_done()
+    assert len(batches) == 1 and len(batches[0]) == 3  # one forward for the three prompts
+    assert batches[0][0] > 0 and batches[0][1] > 0 and batches[0][2] == 0
+    assert [run.final(n).cached_tokens for n in names] == batches[0]
+    for name in names:
+        assert run.ids(name) == reference[name], name
+
+
 def test_a_finished_turn_caches_its_output_too(cached_scheduler, turns, real_engine):
     sched = cached_scheduler()
     first = run_one(sched, "a", turns["a"], greedy(24, ignore_eos=True))

@@ -112,6 +112,22 @@ def test_batched_rows_at_different_positions_equal_hf(gemma):
     _close(step[1], short[39])
 
 
+def test_batched_prompts_continue_each_slots_cached_prefix_and_equal_hf(gemma):
+    """Prefix-cache hits are batched: each row starts at its own cached length (one past the 512 window)."""
+    runner, ids, reference, short = gemma
+    runner.prefill(1, ids[:530], 0)  # slot 1 holds a long prefix, slot 2 a short one, slot 3 nothing
+    runner.prefill(2, ids[:16], 0)
+    logits = runner.prefill_batch([1, 2, 3], [ids[530:545], ids[16:39], ids[:20]], [None, None, None],
+                                  starts=[530, 16, 0])
+    _close(logits[0], reference[544])
+    _close(logits[1], short[38])
+    _close(logits[2], short[19])
+    step = runner.decode([ids[590], ids[545], ids[39], ids[20]], [590, 545, 39, 20])
+    _close(step[1], reference[545])
+    _close(step[2], short[39])
+    _close(step[3], short[20])
+
+
 def test_unsupported_models_are_refused_at_load_naming_the_feature():
     from engine.model.transformers_decoder import transformers_path_gaps
 
