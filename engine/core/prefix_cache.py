@@ -76,7 +76,7 @@ class PrefixCache:
 
     def store(self, tokens: list[int], salt: object, slot: int, length: int) -> None:
         """Keep the full blocks of the first `length` positions of `slot` (K/V already computed)."""
-        new: list[tuple[int, int]] = []  # (pool row, start position)
+        new: list[tuple[int, int]] = []  # (block number in the slot, pool row)
         chain: set[BlockKey] = set()
         for number, (key, parent, block) in enumerate(self._chain(tokens, salt, length)):
             chain.add(key)
@@ -89,9 +89,8 @@ class PrefixCache:
             if row is None:
                 break
             self.blocks[key] = _Block(row, parent, block)
-            new.append((row, number * self.block_tokens))
-        if new:
-            self._copy_in(new, slot)
+            new.append((number, row))
+        self._copy(new, slot, into_cache=False)
 
     def _take_row(self, chain: set[BlockKey]) -> int | None:
         if self.free:
@@ -100,9 +99,6 @@ class PrefixCache:
         if oldest is None or oldest in chain:
             return None  # never evict the chain being stored: its first blocks are the useful ones
         return self.blocks.pop(oldest).index  # least recently used; its children age out too
-
-    def _copy_in(self, new: list[tuple[int, int]], slot: int) -> None:
-        self._copy([(start // self.block_tokens, row) for row, start in new], slot, into_cache=False)
 
     def _copy(self, blocks: list[tuple[int, int]], slot: int, into_cache: bool) -> None:
         """Copy (block number in `slot`, pool row) pairs between the slot and the pool, one strided copy per

@@ -9,9 +9,9 @@ The interval grows with the number of live requests (`ProbeRate`), so that all o
 together stay under a fixed rate. With a fixed 50 ms interval the probes took 7.6 % of the engine loop
 thread's samples on the served stack at 16 streams (py-spy); at 50 round trips a second in all 4.2 %, at 20
 a second 2.8 %: a round trip waits for the server to be scheduled on a busy box. At 20 a second a request is
-asked every max(0.1 s, live / 20): 0.1 s alone, 0.8 s at 16 live, 3.2 s with 64 running. The gateway ends the client's
-side at once when it disconnects; this bounds how long the engine keeps generating for a client that has
-gone.
+asked every max(0.1 s, live / 20): 0.1 s alone, 0.8 s at 16 live, 3.2 s with 64 running. The gateway ends
+the client's side at once when it disconnects; this bounds how long the engine keeps generating for a client
+that has gone.
 """
 
 from __future__ import annotations
