@@ -7,7 +7,7 @@ MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
 GATEWAY_PORT ?= 8080
 export SIE_MODEL_CACHE
 
-.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer bench-gpu gpu-carry loadtest soak lint clean
+.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer bench-peer-engines bench-gpu gpu-carry loadtest soak lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,10 @@ PEER_ARGS ?=
 bench-peer: model  ## our stack against vLLM's CPU build, same model, same openai-SDK client
 	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
 	$(PY) -m bench.peer $(PEER_ARGS)
+
+bench-peer-engines: model  ## the two engines in-process, no HTTP: where a served difference comes from
+	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
+	$(PY) -m bench.peer_engines $(PEER_ENGINE_ARGS)
 
 # Issue 12: the engine against HF on a GPU (random bf16 weights from configs; under 6 minutes on an H200).
 # BENCH_GPU_ARGS=--tiny dry-runs it on the CPU with tiny configs. For the device machine, `make gpu-carry`

@@ -101,7 +101,7 @@ def _stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def _vllm_env(log_dir: Path) -> dict[str, str]:
+def vllm_env(log_dir: Path) -> dict[str, str]:
     # both cores compute (none reserved); one compile cache for every run, so a later run's start-up is shorter
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CACHE_ROOT": str(log_dir.parent / "vllm-cache")}
@@ -116,7 +116,7 @@ def run_vllm(dtype: str, log_dir: Path, workload: Workload) -> dict[str, float]:
     cmd = [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
            "--served-model-name", SERVED, "--port", str(port), "--dtype", dtype]
     with open(log_dir / "vllm.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=_vllm_env(log_dir), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=vllm_env(log_dir), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         t0 = time.monotonic()

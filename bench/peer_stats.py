@@ -58,13 +58,13 @@ def ratios(ours: dict[str, float], vllm: dict[str, float]) -> dict[str, float]:
 
 
 def noise_reasons(probes: Sequence[float], runs: Mapping[str, Sequence[dict[str, float]]],
-                  limit: float = NOISE_LIMIT) -> list[str]:
+                  limit: float = NOISE_LIMIT, headline: Sequence[str] = HEADLINE) -> list[str]:
     """Why a set of alternated runs (one dtype) is not to be believed; empty when it is.
 
     - `probes`: every CPU probe reading (GFLOP/s) taken before and after each server run of the set. They are
       compared all together, not only before against after one run: a load that covers one whole run reads as
       steady across that run but slower than the probes around the other side's runs.
-    - `runs`: each side's run figures; a side's runs must agree on every headline figure, and a side needs at
+    - `runs`: each side's run figures; a side's runs must agree on every `headline` figure, and a side needs at
       least two runs to show that they do.
     """
     reasons = []
@@ -74,7 +74,7 @@ def noise_reasons(probes: Sequence[float], runs: Mapping[str, Sequence[dict[str,
         if len(side_runs) < 2:
             reasons.append(f"{side}: {len(side_runs)} run, nothing to compare it with")
             continue
-        for key in HEADLINE:
+        for key in headline:
             values = [run[key] for run in side_runs]
             if spread(values) > limit:
                 reasons.append(f"{side} {key} spread {spread(values):.0%} "

@@ -181,3 +181,41 @@ def test_stopping_vllm_waits_for_every_process_of_its_group_not_only_the_leader(
     finally:
         if _group_alive(proc.pid):
             os.killpg(proc.pid, 9)
+
+
+def test_the_engine_bench_alternates_one_engine_process_at_a_time_and_flags_its_own_figures(
+        monkeypatch, tmp_path, capsys):
+    """bench/peer_engines.py: ours, vLLM, ours, vLLM; ratios over the medians; `noisy` read on the b1/b8/b16
+    figures (a spread in a served figure's name would mean nothing here)."""
+    import bench.peer_engines as engines
+
+    order: list[str] = []
+
+    def fake_side(side, dtype, log):
+        order.append(side)
+        if side == "vllm":
+            return {"tok_s_b1": 20.0, "tok_s_b8": 150.0, "tok_s_b16": 200.0}
+        b8 = 120.0 if order.count("ours") == 1 else 150.0  # ours' two runs 25 % apart at B=8
+        return {"tok_s_b1": 30.0, "tok_s_b8": b8, "tok_s_b16": 220.0}
+
+    monkeypatch.setattr(engines, "_run_side", fake_side)
+    monkeypatch.setattr(engines, "probe_gflops", lambda: 140.0)
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").touch()
+    monkeypatch.setattr(engines, "VLLM_VENV", tmp_path / "venv")
+    monkeypatch.setattr(engines, "REPO_ROOT", tmp_path)
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    monkeypatch.setattr("sys.argv", ["bench.peer_engines"])
+    engines.main()
+    assert order == ["ours", "vllm", "ours", "vllm"]
+    out = capsys.readouterr().out
+    assert "peer_engine_ratio_b1_fp32: 1.500  noisy\n" in out
+    assert "peer_engine_ratio_b8_fp32: 0.900  noisy\n" in out  # median of 120 and 150 over 150
+    assert "noisy: ours tok_s_b8 spread 25%" in out
+
+
+def test_our_engine_side_counts_exactly_the_tokens_it_asked_for(real_engine):
+    from bench.peer_engines import measure_engine
+
+    figures = measure_engine(real_engine, batches=(1, 2), new_tokens=3, reps=1)
+    assert set(figures) == {"tok_s_b1", "tok_s_b2"} and all(v > 0 for v in figures.values())
