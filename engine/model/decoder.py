@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.model.chunk_attention import continued_chunk_attention
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import choose_kind, linear, pack
 from engine.model.loading import language_model, unsupported_features
@@ -201,24 +200,22 @@ class Decoder:
         end = start + n
         positions = torch.arange(start, end, device=self.device)
         h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None else embeds.to(self.device)
-        # causal over the chunk, full over the cached prefix; a fresh prompt needs no mask tensor at all, and on
-        # CPU a continued one none either (engine.model.chunk_attention)
-        split = bool(start) and self.device.type == "cpu"
-        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start) \
-            if start and not split else None
+        # causal over the chunk, full over the cached prefix; a fresh prompt needs no mask tensor at all
+        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start) if start else None
         kc, vc = cache.k, cache.v
         rope = self._rope_at(positions)
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
             kc[i, slot, :, start:end] = k.transpose(0, 1)
             vc[i, slot, :, start:end] = v.transpose(0, 1)
-            qs = q.transpose(0, 1).unsqueeze(0)
-            ks, vs = kc[i, slot : slot + 1, :, :end], vc[i, slot : slot + 1, :, :end]
-            if split:
-                attn = continued_chunk_attention(qs, ks, vs, start)
-            else:
-                attn = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None,
-                                                      enable_gqa=True)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0),
+                kc[i, slot : slot + 1, :, :end],
+                vc[i, slot : slot + 1, :, :end],
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
+            )
             h = h + self._o_proj(w, attn[0].transpose(0, 1).reshape(n, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
         return self.logits(self._final_norm(h[-1:]))[0]
