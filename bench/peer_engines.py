@@ -68,7 +68,8 @@ if __name__ == "__main__":
 
 def measure_engine(engine, batches=BATCHES, new_tokens: int = NEW_TOKENS, reps: int = REPS) -> dict[str, float]:
     """tok/s of a started LLMEngine at each batch: the same prompts, parameters and timing as vLLM's side."""
-    from engine.sampling_params import SamplingParams  # torch: only in the measuring process
+    from bench.engine import Collector  # torch: only in the measuring process
+    from engine.sampling_params import SamplingParams
 
     ids = [engine.tokenizer(p)["input_ids"] for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True)
@@ -77,17 +78,11 @@ def measure_engine(engine, batches=BATCHES, new_tokens: int = NEW_TOKENS, reps: 
         walls = []
         for _ in range(reps + 1):  # the first is a warm-up
             t0 = time.perf_counter()
-            queues = []
+            requests = []
             for prompt in (ids * 2)[:b]:
                 submitted += 1
-                queues.append(engine.generate(f"peer-{submitted}", prompt, params))
-            tokens = 0
-            for q in queues:
-                while not (out := q.get(timeout=600)).final:
-                    pass
-                if out.error is not None:
-                    raise RuntimeError(f"{out.error.code}: {out.error.message}")
-                tokens += out.completion_tokens
+                requests.append(Collector(engine.generate(f"peer-{submitted}", prompt, params), t0))
+            tokens = sum(request.wait().tokens() for request in requests)  # wait() raises on an error
             walls.append(time.perf_counter() - t0)
             if tokens != new_tokens * b:
                 raise RuntimeError(f"B={b}: {tokens} new tokens, expected {new_tokens * b}")
