@@ -1,20 +1,30 @@
 """A model process killed on the real stack (issue 20 item 1): found within seconds, its requests ended in-band,
 out of service while the gateway reloads it through Triton's repository API, then back by itself.
 
-The kill is `kill -9` of the SmolLM2 `triton_python_backend_stub`, a child of the tritonserver this test session
-started. The engine's own fatal path (`_die()`: the stub exits) ends the same way.
+The kill is `kill -9` of the SmolLM2 `triton_python_backend_stub`, a child of a tritonserver this test starts for
+itself. The engine's own fatal path (`_die()`: the stub exits) ends the same way.
+
+The stack is the test's own, serving SmolLM2 alone, because tritonserver 2.51 itself sometimes aborts when a stub
+dies inside a shared-memory critical section (`boost::interprocess::lock_exception` in libtriton_python.so;
+triton-inference-server/server#8882 and #5949). On the shared session stack that took every later e2e test down
+with it. That abort is Triton's, not ours: when the log shows it, the scenario runs once more on a fresh stack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
+from devstack.stack import local_stack
+from devstack.triton import REPO_ROOT
 from tests.e2e.conftest import MODEL, Stack
 
 TRITON_MODEL = "smollm2_135m_instruct"
@@ -46,7 +56,41 @@ def _served(stack: Stack) -> bool:
     return any(m["id"] == MODEL for m in models)
 
 
-def test_a_killed_model_process_is_detected_ended_in_band_and_reloaded(stack: Stack):
+UPSTREAM_ABORT = "boost::interprocess::lock_exception"
+
+
+@contextlib.contextmanager
+def _smollm2_stack(log_dir: Path) -> Iterator[tuple[Stack, Callable[[], bool]]]:
+    """A stack of its own on a repository holding only SmolLM2; also says whether its tritonserver hit the upstream
+    abort."""
+    repo = log_dir / "repository"
+    repo.mkdir()
+    (repo / TRITON_MODEL).symlink_to(REPO_ROOT / "model_repository" / TRITON_MODEL, target_is_directory=True)
+    env = {"SIE_AUTH_MODE": "none", "SIE_RESPONSES_STORE": str(log_dir / "responses.sqlite3")}
+    with local_stack(repo, log_dir, extra_env=env) as running:
+        def triton_aborted() -> bool:
+            log = (log_dir / "triton.log").read_text(errors="replace")
+            return running.triton.poll() is not None and UPSTREAM_ABORT in log
+
+        yield Stack(running.base_url, running.triton_ports, log_dir, running.triton.pid), triton_aborted
+
+
+def test_a_killed_model_process_is_detected_ended_in_band_and_reloaded(tmp_path: Path):
+    for attempt in (1, 2):
+        log_dir = tmp_path / f"attempt-{attempt}"
+        log_dir.mkdir()
+        with _smollm2_stack(log_dir) as (stack, triton_aborted):
+            try:
+                _kill_the_stub_and_watch_it_come_back(stack)
+                return
+            except AssertionError:
+                if attempt == 2 or not triton_aborted():
+                    raise
+                warnings.warn(f"tritonserver aborted with {UPSTREAM_ABORT} when its stub was killed (an upstream "
+                              "bug); running the scenario again on a fresh stack", stacklevel=1)
+
+
+def _kill_the_stub_and_watch_it_come_back(stack: Stack) -> None:
     assert _chat(stack).status_code == 200
     victim = _stub_pid(stack, TRITON_MODEL)
     assert victim is not None, "no SmolLM2 stub process under this test's tritonserver"
@@ -74,11 +118,15 @@ def test_a_killed_model_process_is_detected_ended_in_band_and_reloaded(stack: St
     assert error["code"] == "MODEL_LOADING", error
     assert stream_ended < DETECT_WITHIN_S, f"the stream ended {stream_ended:.1f} s after the kill"
 
-    # out of service while it reloads: 503 with Retry-After, not listed (both workers: a few tries each)
+    # out of service while it reloads: 503 with Retry-After, and not listed. Each gateway worker finds the death
+    # on its own (the one that served the stream at once, the other by its next probe) and a request may land on
+    # either, so the listing is polled until one answers without the model.
     blocking = _chat(stack)
     assert blocking.status_code == 503 and blocking.headers["retry-after"] == "5", blocking.text
     assert blocking.json()["error"]["code"] == "MODEL_LOADING"
-    assert not _served(stack) or not _served(stack)
+    while _served(stack):
+        assert time.monotonic() - killed < DETECT_WITHIN_S, "still listed in /v1/models while it reloads"
+        time.sleep(0.2)
 
     # back by itself, on a new process
     recovered = None
