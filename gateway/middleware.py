@@ -6,11 +6,14 @@ import logging
 import re
 import uuid
 
+import falcon
+
 from gateway.auth import Authenticator
 from gateway.settings import Settings
 
 log = logging.getLogger("gateway.requests")
 _SDK_VERSION = re.compile(r"^(\d+)\.(\d+)")
+_INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 class RequestContextMiddleware:
@@ -26,6 +29,14 @@ class RequestContextMiddleware:
         resp.set_header("X-SIE-Version", self.settings.server_version)
         self._check_sdk_version(req.get_header("X-SIE-SDK-Version"))
         self.auth.check(req.path, req.get_header("Authorization"), req.get_header("x-api-key"))
+
+    async def process_response(self, req, resp, resource, req_succeeded) -> None:
+        """`X-SIE-Served-By` on inference answers, 2xx and 5xx only (a 4xx is the client's, served by nobody):
+        `local` unless the request ran on an endpoint configured as remote (resources/common.record_served_by)."""
+        if req.method != "POST" or not (req.path in _INFERENCE_PATHS or req.path.startswith("/v1/generate/")):
+            return
+        if falcon.http_status_to_code(resp.status) // 100 in (2, 5):
+            resp.set_header("X-SIE-Served-By", req.context.get("served_by", "local"))
 
     def _check_sdk_version(self, version: str | None) -> None:
         """Skew is advisory: log once per distinct version (bounded), never reject."""

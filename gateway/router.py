@@ -47,6 +47,20 @@ def parse_machine_profile(value: str | None) -> tuple[str | None, str | None]:
     return None, value
 
 
+# `X-SIE-Engine` pins the inference engine (a hidden operator header; the SDK never sends it). This gateway fronts
+# one engine, the Triton Python-backend engine in engine/, so "triton" is the only value it knows; any other is a
+# client error rather than a silent fall-through to an engine the operator did not ask for.
+KNOWN_ENGINES = ("triton",)
+
+
+def parse_engine_pin(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if value not in KNOWN_ENGINES:
+        raise InvalidRequest(f"X-SIE-Engine must be one of: {', '.join(KNOWN_ENGINES)}", param="X-SIE-Engine")
+    return value
+
+
 def parse_remote(values: list[str] | None) -> bool:
     if not values:
         return False

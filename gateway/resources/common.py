@@ -7,7 +7,7 @@ import dataclasses
 
 from gateway.domain import GenerationRequest
 from gateway.errors import GatewayError
-from gateway.router import RoutingHints, parse_machine_profile, parse_pool, parse_remote
+from gateway.router import RoutingHints, parse_engine_pin, parse_machine_profile, parse_pool, parse_remote
 
 
 def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None) -> RoutingHints:
@@ -15,6 +15,7 @@ def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None
 
     Without `greq` (the native route, before its body is read) the affinity key is added later with
     `with_affinity`."""
+    parse_engine_pin(req.get_header("X-SIE-Engine"))
     pool = parse_pool(req.get_header("X-SIE-Pool"))
     header_pool, machine_profile = parse_machine_profile(req.get_header("X-SIE-MACHINE-PROFILE"))
     remote_values = [v for k, v in req.scope.get("headers", []) if k.lower() == b"x-sie-remote"]
@@ -28,6 +29,13 @@ def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None
 
 def with_affinity(hints: RoutingHints, greq: GenerationRequest) -> RoutingHints:
     return dataclasses.replace(hints, affinity_key=greq.routing_key or greq.prompt_cache_key)
+
+
+def record_served_by(req, session) -> None:
+    """What `X-SIE-Served-By` will say (the middleware stamps it): `remote` when any part of the request ran on an
+    endpoint configured as remote, else `local`."""
+    parts = getattr(session, "parts", None) or [session]
+    req.context.served_by = "remote" if any(p.endpoint.config.remote for p in parts) else "local"
 
 
 def set_sse_headers(resp) -> None:

@@ -11,7 +11,7 @@ from gateway.contracts.generate import parse_generate_request
 from gateway.errors import InvalidRequest, WorkerError, quoted, worker_error
 from gateway.metrics import TTFT
 from gateway.render.generate import GenerateStreamRenderer, render_generate_response
-from gateway.resources.common import collect_or_cancel, routing_hints, set_sse_headers, with_affinity
+from gateway.resources.common import collect_or_cancel, record_served_by, routing_hints, set_sse_headers, with_affinity
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -56,6 +56,7 @@ class GenerateResource:
         hints = with_affinity(hints, greq)
         request_id = req.context.request_id
         session = await self.service.open(greq, profile, hints, request_id)
+        record_served_by(req, session)
         TTFT.labels(route="generate", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)

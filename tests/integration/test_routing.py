@@ -8,6 +8,7 @@ from gateway.settings import EndpointConfig, PoolConfig
 from gateway.triton.client import UpstreamUnavailable
 from tests.integration.conftest import (
     BASE_PARAMS,
+    MODEL,
     SIE_MODEL,
     TRITON_MODEL,
     assert_error,
@@ -194,3 +195,37 @@ async def test_errors_quote_only_a_prefix_of_a_huge_value(gw, field):
     err = assert_error(resp, resp.status_code, code, param)
     assert resp.status_code in (400, 404)
     assert len(resp.content) < 1000 and "(2000000 characters)" in err["message"], err["message"][:200]
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "Triton", "vllm"])
+async def test_an_unknown_engine_pin_is_400_before_any_call(gw, value):
+    for resp in (await gw.chat(headers={"X-SIE-Engine": value}),
+                 await gw.generate(headers={"X-SIE-Engine": value}),
+                 await gw.client.post("/v1/completions", json={"model": MODEL, "prompt": "x"},
+                                      headers={"X-SIE-Engine": value})):
+        assert_error(resp, 400, "invalid_request", "X-SIE-Engine")
+    assert not gw.calls
+
+
+async def test_the_engine_this_gateway_fronts_may_be_pinned(gw):
+    assert (await gw.chat(headers={"X-SIE-Engine": "triton"})).status_code == 200
+    assert (await gw.generate(headers={"X-SIE-Engine": "triton"})).status_code == 200
+
+
+async def test_served_by_is_stamped_on_2xx_and_5xx_never_on_4xx(make_gateway):
+    gw = await make_gateway(pools=LOCAL_AND_REMOTE)
+    local = await gw.chat(headers={"X-SIE-Remote": "forbid"})
+    assert local.status_code == 200 and local.headers["x-sie-served-by"] == "local"
+    streamed = await gw.generate(stream=True, headers={"X-SIE-Remote": "forbid"})
+    assert streamed.status_code == 200 and streamed.headers["x-sie-served-by"] == "local"
+    by = set()
+    for i in range(12):  # both endpoints serve: some land on the remote one
+        resp = await gw.chat(routing_key=f"k{i}")
+        by.add((gw.served_by()[-1], resp.headers["x-sie-served-by"]))
+    assert by == {("a", "local"), ("b", "remote")}
+    client_error = await gw.chat(max_tokens=-1)
+    assert client_error.status_code == 400 and "x-sie-served-by" not in client_error.headers
+    gw.fake("a").down = gw.fake("b").down = True
+    await gw.registry.refresh()
+    unavailable = await gw.chat()
+    assert unavailable.status_code == 503 and unavailable.headers["x-sie-served-by"] == "local"
