@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import falcon
@@ -73,7 +74,12 @@ async def _unexpected(req, resp, ex: Exception, params) -> None:
 
 
 class _Observe:
-    """Request counters, latency (to the response start) and one structured log line per request."""
+    """Request counters, the in-flight gauge, latency to the last byte and one structured log line per request.
+
+    A streamed body (`resp.stream`, which Falcon consumes after the responder and this hook have returned) is
+    still in flight until its last chunk is out or the client has gone: for it the gauge, the latency and the
+    log line close when the body ends, not when the headers are sent. The status counter still counts at the
+    response start (a stream's status is the 200 it opened with)."""
 
     async def process_request(self, req, resp) -> None:
         req.context.started = time.perf_counter()
@@ -81,16 +87,71 @@ class _Observe:
 
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
         route = _route(req.path)
-        IN_FLIGHT.labels(route=route).dec()
         model = getattr(req.context, "model", "") or ""
         status = resp.status_code
-        elapsed = time.perf_counter() - req.context.started
         REQUESTS.labels(route=route, status=status, model=model).inc()
-        if route != "other":
-            LATENCY.labels(route=route, model=model).observe(elapsed)
-            access_log.info("request", extra={"request_id": getattr(req.context, "request_id", None),
-                                              "route": route, "status": status, "model": model,
-                                              "ms": round(elapsed * 1000, 3)})
+        if _streams_body(req, resp):
+            resp.stream = _BodyEnd(resp.stream, lambda: _finish(req, route, model, status))
+        else:
+            _finish(req, route, model, status)
+
+
+def _finish(req, route: str, model: str, status: int) -> None:
+    IN_FLIGHT.labels(route=route).dec()
+    elapsed = time.perf_counter() - req.context.started
+    if route != "other":
+        LATENCY.labels(route=route, model=model).observe(elapsed)
+        access_log.info("request", extra={"request_id": getattr(req.context, "request_id", None),
+                                          "route": route, "status": status, "model": model,
+                                          "ms": round(elapsed * 1000, 3)})
+
+
+def _streams_body(req, resp) -> bool:
+    """Whether Falcon will iterate `resp.stream` after the middleware (it ignores it when `data`, `text` or
+    `media` is set, for HEAD and for bodiless statuses, and for SSE through `resp.sse`)."""
+    return (hasattr(resp.stream, "__anext__") and resp.text is None and resp.data is None and resp.media is None
+            and resp.sse is None and req.method != "HEAD" and resp.status_code >= 200
+            and resp.status_code not in (204, 304))
+
+
+class _BodyEnd:
+    """`resp.stream` seen through: calls `ended` once, when the body is over: its last chunk sent (the next
+    `__anext__` ends it), or a failure, or Falcon's `close()` after the body (which it always calls, also when a
+    send failed or the task was cancelled). `close()` first closes the wrapped generator, so its cleanup (the
+    Triton cancel after a disconnect) is inside the measured time."""
+
+    __slots__ = ("_body", "_ended")
+
+    def __init__(self, body: AsyncIterator[bytes], ended: Callable[[], None]) -> None:
+        self._body = body
+        self._ended: Callable[[], None] | None = ended
+
+    def __aiter__(self) -> _BodyEnd:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._body.__anext__()
+        except BaseException:
+            self._end()
+            raise
+
+    async def close(self) -> None:
+        try:
+            aclose = getattr(self._body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            ended()
+
+    def __del__(self) -> None:
+        # a response that failed before its body was read (its start could not be sent) still leaves the gauge
+        self._end()
 
 
 def create_app(settings: Settings, registry: ModelRegistry | None = None, drain: Drain | None = None
