@@ -18,6 +18,7 @@ from gateway.errors import (
     MalformedWorkerResponse,
     ModelProcessDied,
     UpstreamTimeout,
+    WorkerError,
     quoted,
     worker_error,
 )
@@ -86,9 +87,16 @@ class GenerationSession:
                 except UpstreamUnavailable as exc:  # Triton went away mid-request: the outage's Retry-After
                     exc.retry_after = self.outage_retry_after_s
                     raise
+                except WorkerError as exc:
+                    exc.extra.setdefault("attempt_id", self.attempt_id)
+                    raise
                 yield event
         finally:
             await self.close()
+
+    @property
+    def attempt_id(self) -> str:
+        return attempt_id(self.request_id, self.endpoint)
 
     async def close(self) -> None:
         self.drain.untrack(self.wait)
@@ -234,6 +242,8 @@ class GenerationService:
                     exc = upstream_cancelled()
                 if isinstance(exc, GatewayError):
                     UPSTREAM_ERRORS.labels(code=exc.code).inc()
+                if isinstance(exc, WorkerError):  # the contract's worker errors name the attempt (1.1, 2.4)
+                    exc.extra.setdefault("attempt_id", attempt_id(request_id, endpoint))
                 raise exc from None
             return GenerationSession(
                 profile, req, request_id, endpoint, first, stream, timeouts,
@@ -242,6 +252,11 @@ class GenerationService:
             )
         assert last_error is not None
         raise last_error
+
+
+def attempt_id(request_id: str, endpoint: Endpoint) -> str:
+    """One try of a request on one endpoint: native blocking bodies and worker errors carry it."""
+    return f"{request_id}.{endpoint.name}"
 
 
 def _we_are_cancelled() -> bool:

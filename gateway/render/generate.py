@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, WorkerError
 
 
 def _usage(req: GenerationRequest, prompt: int, completion: int) -> dict[str, int]:
@@ -63,8 +63,12 @@ class GenerateStreamRenderer:
         return None  # usage rides on the terminal event
 
     def error_chunk(self, error: GatewayError) -> dict[str, Any]:
+        if not isinstance(error, WorkerError):
+            # synthesized here (timeouts, transport, a dead model process, shutdown): the contract's shape, seq 0
+            return {"request_id": self.request_id, "seq": 0, "text_delta": "", "done": True,
+                    "finish_reason": "error", "error": {"code": error.code, "message": error.message}}
         err: dict[str, Any] = {"message": error.message, "param": error.param, "code": error.code}
         if error.code == "RESOURCE_EXHAUSTED" and error.retry_after:
             err["retry_after_s"] = int(error.retry_after)
         return {"request_id": self.request_id, "seq": self.seq, "text_delta": "", "done": True,
-                "finish_reason": "error", "error": err}
+                "finish_reason": "error", "error": err, "ttft_ms": self.ttft_ms}

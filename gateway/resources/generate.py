@@ -67,10 +67,12 @@ class GenerateResource:
         result = await collect_or_cancel(session.collect(), req)
         choice = result.choices.get(0)
         if choice is None or choice.get("finish_reason") is None:
-            raise WorkerError("the model ended without a result", code="malformed_worker_response")
+            raise WorkerError("the model ended without a result", code="malformed_worker_response",
+                              extra={"attempt_id": session.attempt_id})
         if choice["finish_reason"] in ("cancelled", "error"):
-            raise worker_error(choice["finish_reason"] if choice["finish_reason"] == "cancelled" else "inference_error",
+            err = worker_error(choice["finish_reason"] if choice["finish_reason"] == "cancelled" else "inference_error",
                                "the model did not complete the request")
-        attempt_id = f"{request_id}.{session.endpoint.name}"
+            err.extra["attempt_id"] = session.attempt_id
+            raise err
         resp.content_type = "application/json"
-        resp.data = orjson.dumps(render_generate_response(greq, result, profile.name, attempt_id))
+        resp.data = orjson.dumps(render_generate_response(greq, result, profile.name, session.attempt_id))

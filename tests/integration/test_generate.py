@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from gateway.errors import worker_error
-from tests.integration.conftest import DONE, HANG, MODEL, SIE_MODEL, TRITON_MODEL, Delay, ev, parse_sse, tokens
+from tests.integration.conftest import (
+    DONE,
+    HANG,
+    MODEL,
+    SIE_MODEL,
+    TRITON_MODEL,
+    Delay,
+    assert_error,
+    ev,
+    parse_sse,
+    tokens,
+)
 
 LOGPROB = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
 
@@ -74,6 +85,8 @@ async def test_stream_worker_error_terminal(gw):
     assert items[-1] == DONE and items.count(DONE) == 1
     *deltas, terminal = items[:-1]
     assert [d["text_delta"] for d in deltas] == ["a", "b"]
+    ttft_ms = terminal.pop("ttft_ms")  # a worker error terminal carries the terminal's fields (2.6)
+    assert isinstance(ttft_ms, float) and ttft_ms >= 0
     assert terminal == {"request_id": resp.headers["x-sie-request-id"], "seq": 2, "text_delta": "", "done": True,
                         "finish_reason": "error",
                         "error": {"message": "bad grammar", "param": "grammar", "code": "grammar_invalid"}}
@@ -92,9 +105,22 @@ async def test_stream_inter_chunk_timeout_terminal(make_gateway):
     items = parse_sse((await gw.generate(stream=True)).text)
     assert items[-1] == DONE
     terminal = items[-2]
-    assert terminal["done"] is True and terminal["finish_reason"] == "error"
-    assert terminal["error"]["code"] == "inter_chunk_timeout"
+    # a gateway-synthesized error: the contract's shape, seq 0 whatever came before (2.6)
+    assert terminal == {"request_id": items[0]["request_id"], "seq": 0, "text_delta": "", "done": True,
+                        "finish_reason": "error",
+                        "error": {"code": "inter_chunk_timeout", "message": "no output from the model in time"}}
+    assert items[0]["seq"] == 0 and items[0]["text_delta"] == "a"
     assert gw.calls[0].cancelled
+
+
+async def test_blocking_worker_error_names_the_attempt_like_a_success(gw):
+    ok = await gw.generate()
+    gw.fake().script = [ev("a"), worker_error("grammar_invalid", "bad grammar", param="grammar")]
+    failed = await gw.generate()
+    err = assert_error(failed, 400, "grammar_invalid", "grammar")
+    request_id = failed.headers["x-sie-request-id"]
+    assert err["attempt_id"] == f"{request_id}.a"
+    assert ok.json()["attempt_id"] == f"{ok.headers['x-sie-request-id']}.a"
 
 
 async def test_stream_error_before_first_event_is_http_error(gw):
@@ -102,8 +128,10 @@ async def test_stream_error_before_first_event_is_http_error(gw):
     resp = await gw.generate(stream=True)
     assert resp.status_code == 400
     assert resp.headers["content-type"].startswith("application/json")
+    # a worker error names its attempt (sie-contract 1.1, 2.4), like the blocking body's attempt_id
     assert resp.json() == {"error": {"message": "prompt too long", "type": "context_length_exceeded",
-                                     "param": "prompt", "code": "context_exceeded"}}
+                                     "param": "prompt", "code": "context_exceeded",
+                                     "attempt_id": f"{resp.headers['x-sie-request-id']}.a"}}
 
 
 async def test_keepalive_on_native_stream(make_gateway):
