@@ -22,13 +22,13 @@ from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.completions import CompletionsResource
 from gateway.resources.generate import GenerateResource
 from gateway.resources.health import (
+    GatewayHealthResource,
     HealthResource,
     MetricsResource,
     ModelsResource,
     OpenAPIResource,
     ReadyResource,
     VersionResource,
-    VllmHealthResource,
 )
 from gateway.resources.responses import ResponsesResource, StoredResponseResource
 from gateway.resources.tokenize import DetokenizeResource, TokenizeResource
@@ -173,7 +173,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     app.add_sink(_generate_sink(generate), prefix=r"^/v1/generate(/|$)")  # `/v1/generate/` loses its slash
     app.add_route("/healthz", HealthResource())
     app.add_route("/readyz", ReadyResource(registry, drain))
-    app.add_route("/health", VllmHealthResource(registry))
+    app.add_route("/health", GatewayHealthResource(registry))
     app.add_route("/version", VersionResource(settings.server_version))
     app.add_route("/tokenize", TokenizeResource(settings, service))
     app.add_route("/detokenize", DetokenizeResource(settings, service))

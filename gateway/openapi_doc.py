@@ -136,9 +136,12 @@ def build_openapi() -> dict[str, Any]:
             "/tokenize": _tokenizer_route("tokenize", "TokenizeRequest",
                                           "{count, max_model_len, tokens, token_strs} (vLLM's shape)"),
             "/detokenize": _tokenizer_route("detokenize", "DetokenizeRequest", "{prompt} (vLLM's shape)"),
-            "/health": {"get": {"operationId": "health", "security": [],
-                                "responses": {"200": {"description": "a model can be served (empty body)"},
-                                              "503": {"description": "no model can be served now"}}}},
+            "/health": {"get": {"operationId": "health", "security": [], "responses": {
+                "200": {"description": "a model can be served: {status: healthy|degraded, type: gateway, "
+                                       "configured_gpu_types, live_gpu_types, cluster, workers, models}",
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "503": {"description": "no model can be served now (the same body)",
+                        "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/version": {"get": {"operationId": "version", "security": [],
                                  "responses": {"200": {"description": "{version}", "content": {
                                      "application/json": {"schema": {"type": "object"}}}}}}},

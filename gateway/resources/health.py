@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
+from typing import Any
 
 import falcon
 import orjson
@@ -25,19 +26,82 @@ class HealthResource:
 READY_MAX_AGE_S = 1.0
 
 
-class VllmHealthResource:
-    """GET /health in vLLM's shape (GuideLLM's backend check): 200 with an empty body while a model can be
-    served, else 503; it reads the registry's last refresh, never Triton per call."""
+class GatewayHealthResource:
+    """GET /health in the contract's shape (sie-contract 7): `{status: healthy|degraded, type: gateway,
+    configured_gpu_types, live_gpu_types, cluster, workers, models}`.
+
+    200 while a model can be served, else 503 with Retry-After and the same body: vLLM-style clients (GuideLLM's
+    backend check) read only the status code. It reads the registry's last refresh (at most a second old), never
+    Triton per call."""
 
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
     async def on_get(self, req, resp) -> None:
         await self.registry.refresh_if_stale(max_age_s=READY_MAX_AGE_S)
-        if not any(e.healthy and e.models for e in self.registry.endpoints):
+        if not self.registry.ready():
             resp.status = 503
             resp.set_header("Retry-After", format_retry_after(self.registry.settings.provisioning_retry_after_s))
-        resp.data = b""
+        resp.content_type = "application/json"
+        resp.data = orjson.dumps(gateway_health(self.registry))
+
+
+def gateway_health(registry: ModelRegistry) -> dict[str, Any]:
+    """The cluster as this gateway sees it: each Triton endpoint is a worker, healthy or not.
+
+    `degraded` when a worker is unreachable, a model is out of service on a reachable one (loading, unavailable,
+    or withdrawn after its process died), or nothing is served at all."""
+    endpoints = registry.endpoints
+    known = {p.triton_model: p for e in endpoints for p in (*e.models.values(), *e.withdrawn.values())}
+    models: dict[str, dict[str, Any]] = {}
+    workers = []
+    for e in endpoints:
+        serving = sorted(e.models) if e.healthy else []
+        # an unreachable endpoint's last model states are stale: it counts as one unhealthy worker, nothing more;
+        # a model still loading has no profile yet and goes by its Triton name
+        out = {known[n].name if n in known else n: known.get(n) for n in e.not_ready} if e.healthy else {}
+        unavailable = sorted(out)
+        for name in serving:
+            _model_entry(models, name, e.models[name])["workers"].append(e.name)
+        for name in unavailable:
+            _model_entry(models, name, out[name])["unavailable_on"].append(e.name)
+        workers.append({"name": e.name, "pool": e.pool.name, "gpu_type": e.pool.machine_profile,
+                        "healthy": e.healthy, "remote": e.config.remote, "models": serving,
+                        "unavailable_models": unavailable})
+    for entry in models.values():
+        entry["status"] = "serving" if entry["workers"] else "unavailable"
+    served = registry.profiles()
+    out_of_service = any(m["unavailable_on"] for m in models.values())
+    healthy = bool(served) and all(e.healthy for e in endpoints) and not out_of_service
+    return {
+        "status": "healthy" if healthy else "degraded",
+        "type": "gateway",
+        # A pool's machine profile is its gpu type: the name a client selects with X-SIE-MACHINE-PROFILE or a
+        # `model:profile` suffix, which is what SIE's gpu types are for. A CPU-only deployment (deploy/k8s/base:
+        # `default`) reports that name as is, not an invented `cpu`: the gateway has no view of the hardware, and
+        # every type it reports must be one routing accepts.
+        "configured_gpu_types": sorted({p.machine_profile for p in registry.settings.pools}),
+        "live_gpu_types": sorted({e.pool.machine_profile for e in endpoints if e.healthy and e.models}),
+        "cluster": {
+            "worker_count": len(workers),
+            # unknown here, so 0 rather than a guess: Triton's model API lists models, not devices, and a
+            # machine profile is a label, not a count
+            "gpu_count": 0,
+            "models_loaded": len(served),
+            # 0: the request counter is per gunicorn process and a rate needs two samples of every process's
+            # counter; the cluster rate is Prometheus' `rate(sie_gateway_requests_total[1m])` over /metrics
+            "total_qps": 0.0,
+        },
+        "workers": workers,
+        "models": [models[name] for name in sorted(models)],
+    }
+
+
+def _model_entry(models: dict[str, dict[str, Any]], name: str, profile: ModelProfile | None) -> dict[str, Any]:
+    if name not in models:
+        models[name] = {"id": name, "sie_id": profile.sie_id if profile is not None else None,
+                        "workers": [], "unavailable_on": []}
+    return models[name]
 
 
 class VersionResource:

@@ -1,0 +1,86 @@
+"""GET /health in the contract's shape (sie-contract 7): status, gpu types, cluster, workers and models, from the
+registry's view of the Triton endpoints; 200 while a model can be served (all a vLLM-style client reads), else 503."""
+
+from __future__ import annotations
+
+from gateway.settings import EndpointConfig
+from tests.integration.conftest import BASE_PARAMS, MODEL, SIE_MODEL, TRITON_MODEL, one_pool
+
+
+def worker(name: str, *, healthy: bool = True, models: list[str] | None = None, unavailable: list[str] | None = None,
+           pool: str = "default", gpu_type: str = "default") -> dict:
+    return {"name": name, "pool": pool, "gpu_type": gpu_type, "healthy": healthy, "remote": False,
+            "models": [MODEL] if models is None else models, "unavailable_models": unavailable or []}
+
+
+async def test_healthy_cluster_body(gw):
+    resp = await gw.client.get("/health")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.json() == {
+        "status": "healthy",
+        "type": "gateway",
+        "configured_gpu_types": ["default"],
+        "live_gpu_types": ["default"],
+        "cluster": {"worker_count": 1, "gpu_count": 0, "models_loaded": 1, "total_qps": 0.0},
+        "workers": [worker("a")],
+        "models": [{"id": MODEL, "sie_id": SIE_MODEL, "status": "serving", "workers": ["a"], "unavailable_on": []}],
+    }
+
+
+async def test_unreachable_worker_is_degraded_but_still_200(make_gateway):
+    pools = (one_pool(EndpointConfig(url="a")),
+             one_pool(EndpointConfig(url="b", name="gpu-0"), name="l4pool", machine_profile="l4"))
+    gw = await make_gateway(pools=pools, setup=lambda fakes: setattr(fakes["b"], "down", True))
+    resp = await gw.client.get("/health")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["status"] == "degraded"
+    assert body["configured_gpu_types"] == ["default", "l4"]
+    assert body["live_gpu_types"] == ["default"]
+    assert body["cluster"] == {"worker_count": 2, "gpu_count": 0, "models_loaded": 1, "total_qps": 0.0}
+    assert body["workers"] == [worker("a"), worker("gpu-0", healthy=False, models=[], pool="l4pool", gpu_type="l4")]
+    assert [m["id"] for m in body["models"]] == [MODEL]
+
+
+async def test_a_model_out_of_service_on_a_reachable_worker_is_degraded(make_gateway):
+    def setup(fakes):
+        fakes["a"].models = [(TRITON_MODEL, "READY", dict(BASE_PARAMS)), ("other_model", "UNAVAILABLE", {})]
+
+    gw = await make_gateway(setup=setup)
+    resp = await gw.client.get("/health")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["status"] == "degraded"
+    assert body["cluster"]["models_loaded"] == 1
+    assert body["workers"] == [worker("a", unavailable=["other_model"])]
+    assert body["models"] == [
+        {"id": MODEL, "sie_id": SIE_MODEL, "status": "serving", "workers": ["a"], "unavailable_on": []},
+        {"id": "other_model", "sie_id": None, "status": "unavailable", "workers": [], "unavailable_on": ["a"]},
+    ]
+
+
+async def test_a_model_withdrawn_on_one_worker_is_named_with_where_it_still_runs(make_gateway):
+    gw = await make_gateway(pools=(one_pool(EndpointConfig(url="a"), EndpointConfig(url="b")),))
+    assert (await gw.client.get("/health")).json()["status"] == "healthy"
+    gw.registry.withdraw(gw.registry.endpoints[0], TRITON_MODEL)  # its process died on `a`
+    resp = await gw.client.get("/health")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["status"] == "degraded"
+    assert body["models"] == [
+        {"id": MODEL, "sie_id": SIE_MODEL, "status": "serving", "workers": ["b"], "unavailable_on": ["a"]}]
+    assert body["workers"] == [worker("a", models=[], unavailable=[MODEL]), worker("b")]
+
+
+async def test_nothing_served_is_503_with_the_same_body(make_gateway):
+    gw = await make_gateway(refresh=False, model_refresh_s=0.0,
+                            setup=lambda fakes: setattr(fakes["a"], "down", True))
+    resp = await gw.client.get("/health")
+    assert resp.status_code == 503 and resp.headers["retry-after"]
+    body = resp.json()
+    assert body["status"] == "degraded" and body["type"] == "gateway"
+    assert body["configured_gpu_types"] == ["default"] and body["live_gpu_types"] == []
+    assert body["cluster"] == {"worker_count": 1, "gpu_count": 0, "models_loaded": 0, "total_qps": 0.0}
+    assert body["workers"] == [worker("a", healthy=False, models=[])]
+    assert body["models"] == []
