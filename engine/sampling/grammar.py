@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +21,13 @@ from engine.sampling_params import GrammarRequest
 
 _CACHE_SIZE = 128
 COMPILE_THREADS = 2
+# xgrammar's log prefix on its error messages: "[13:29:40] /project/cpp/json_schema_converter.cc:5082: "
+_XGRAMMAR_PREFIX = re.compile(r"^\[\d{1,2}:\d{2}:\d{2}\] \S+?:\d+: ", re.MULTILINE)
+
+
+def compile_error_message(exc: BaseException) -> str:
+    """xgrammar's error text for a client: the rule it broke, without its log time and C++ source location."""
+    return _XGRAMMAR_PREFIX.sub("", str(exc)).strip()
 
 
 class GrammarState:
@@ -114,7 +122,8 @@ class GrammarCompilerCache:
             if grammar.kind == "ebnf":
                 return self.compiler.compile_grammar(grammar.value)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with a useful message
-            raise EngineError("grammar_invalid", f"the {grammar.kind} grammar does not compile: {exc}",
+            raise EngineError("grammar_invalid", f"the {grammar.kind} grammar does not compile: "
+                              f"{compile_error_message(exc)}",
                               "grammar") from None
         raise EngineError("unsupported_field", f"grammar kind '{grammar.kind}' is not supported", "grammar")
 
