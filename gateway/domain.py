@@ -12,6 +12,7 @@ class GrammarSpec:
     value: Any  # schema dict for json_schema/json_object, str otherwise
     label: str | None = None
     strict: bool = False
+    param: str = "grammar"  # the client's field it came from: what an error about it names (not sent to Triton)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ class GenerationSession:
                     exc.retry_after = self.outage_retry_after_s
                     raise
                 except WorkerError as exc:
-                    exc.extra.setdefault("attempt_id", self.attempt_id)
+                    attribute(exc, self.request, self.attempt_id)
                     raise
                 yield event
         finally:
@@ -242,8 +242,8 @@ class GenerationService:
                     exc = upstream_cancelled()
                 if isinstance(exc, GatewayError):
                     UPSTREAM_ERRORS.labels(code=exc.code).inc()
-                if isinstance(exc, WorkerError):  # the contract's worker errors name the attempt (1.1, 2.4)
-                    exc.extra.setdefault("attempt_id", attempt_id(request_id, endpoint))
+                if isinstance(exc, WorkerError):
+                    attribute(exc, req, attempt_id(request_id, endpoint))
                 raise exc from None
             return GenerationSession(
                 profile, req, request_id, endpoint, first, stream, timeouts,
@@ -257,6 +257,14 @@ class GenerationService:
 def attempt_id(request_id: str, endpoint: Endpoint) -> str:
     """One try of a request on one endpoint: native blocking bodies and worker errors carry it."""
     return f"{request_id}.{endpoint.name}"
+
+
+def attribute(exc: WorkerError, req: GenerationRequest, attempt: str) -> None:
+    """A worker error names its attempt (sie-contract 1.1, 2.4), and an error about the grammar names the client's
+    field it came from (`response_format`, `text.format`; the engine only knows it as `grammar`)."""
+    exc.extra.setdefault("attempt_id", attempt)
+    if exc.param == "grammar" and req.grammar is not None:
+        exc.param = req.grammar.param
 
 
 def _we_are_cancelled() -> bool:

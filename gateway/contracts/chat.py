@@ -111,10 +111,12 @@ class ResponseFormat(ContractModel):
 
     def grammar(self) -> GrammarSpec | None:
         if self.type == "json_object":
-            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object")
+            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
+                               param="response_format")
         if self.type == "json_schema" and self.json_schema is not None:
             spec = self.json_schema
-            return GrammarSpec(kind="json_schema", value=spec.schema_, label=spec.name, strict=bool(spec.strict))
+            return GrammarSpec(kind="json_schema", value=spec.schema_, label=spec.name, strict=bool(spec.strict),
+                               param="response_format")
         return None
 
 

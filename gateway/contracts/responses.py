@@ -100,9 +100,11 @@ class TextFormat(ContractModel):
 
     def grammar(self) -> GrammarSpec | None:
         if self.type == "json_object":
-            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object")
+            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
+                               param="text.format")
         if self.type == "json_schema" and self.schema_ is not None:
-            return GrammarSpec(kind="json_schema", value=self.schema_, label=self.name, strict=bool(self.strict))
+            return GrammarSpec(kind="json_schema", value=self.schema_, label=self.name, strict=bool(self.strict),
+                               param="text.format")
         return None
 
     def echo(self) -> dict[str, Any]:

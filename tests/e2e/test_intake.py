@@ -49,7 +49,7 @@ def test_a_slow_grammar_is_refused_at_its_budget_and_never_delays_a_plain_reques
     thread.join(timeout=120)
     error = outcome["error"]
     assert error.code == "grammar_invalid" and "budget" in error.message
-    assert error.param == "grammar"
+    assert error.param == "response_format"  # the chat field the grammar came from
     assert outcome["seconds"] < 15  # the 5 s budget plus queueing, not the 21 s compile
     assert during < alone + 2.0, (during, alone)  # before: it waited for the whole compile
 

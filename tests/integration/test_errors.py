@@ -171,6 +171,31 @@ async def test_worker_error_after_tokens_on_blocking_request(gw):
     assert_error(resp, 503, "QUEUE_FULL", None)
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(("route", "field"), [("chat", "response_format"), ("responses", "text.format")])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("code", "status", "after_tokens"), [("grammar_invalid", 400, False),
+                                                              ("MODEL_OUTPUT_PARSE_ERROR", 500, True)])
+async def test_a_grammar_error_names_the_clients_field_not_the_engines(gw, route, field, stream, code, status,
+                                                                        after_tokens):
+    """The engine reports grammar errors against `grammar`; the client sent `response_format` or `text.format`."""
+    gw.fake().script = [*([ev("{")] if after_tokens else []), worker_error(code, "bad", param="grammar")]
+    if route == "chat":
+        resp = await gw.chat(stream=stream, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": SCHEMA}})
+    else:
+        resp = await gw.client.post("/v1/responses", json={
+            "model": MODEL, "input": "hi", "stream": stream,
+            "text": {"format": {"type": "json_schema", "name": "x", "strict": True, "schema": SCHEMA}}})
+    if not (stream and after_tokens):
+        assert_error(resp, status, code, field)
+        return
+    assert resp.status_code == 200  # the stream had opened: the error is in-band
+    assert f'"param":"{field}"' in resp.text and '"param":"grammar"' not in resp.text
+
+
 async def test_max_tokens_over_model_cap_is_context_exceeded_before_dispatch(gw):
     resp = await gw.chat(max_tokens=5000)
     assert_error(resp, 400, "context_exceeded", "max_tokens", "context_length_exceeded")

@@ -518,10 +518,12 @@ def test_sixteen_images_allowed() -> None:
     ("response_format", "grammar"),
     [
         ({"type": "text"}, None),
-        ({"type": "json_object"}, GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object")),
+        ({"type": "json_object"}, GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
+                                                 param="response_format")),
         (
             {"type": "json_schema", "json_schema": {"name": "pt", "strict": True, "schema": {"type": "object"}}},
-            GrammarSpec(kind="json_schema", value={"type": "object"}, label="pt", strict=True),
+            GrammarSpec(kind="json_schema", value={"type": "object"}, label="pt", strict=True,
+                        param="response_format"),
         ),
         (
             {
@@ -530,7 +532,7 @@ def test_sixteen_images_allowed() -> None:
                     "schema": {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}}
                 },
             },
-            GrammarSpec(kind="json_schema", value={"properties": {"x": {"type": "integer"}}}),
+            GrammarSpec(kind="json_schema", value={"properties": {"x": {"type": "integer"}}}, param="response_format"),
         ),
     ],
 )
