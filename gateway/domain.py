@@ -63,6 +63,9 @@ class GenerationRequest:
     # Request path of the first image (`images` or `messages[i].content[j].type`), so a model
     # without image input can name the field at fault.
     image_param: str | None = None
+    # Request path of each image's data, in order: the engine names an image it cannot decode `images[i]`
+    # (service.attribute maps that to the client's field).
+    image_data_params: tuple[str, ...] = ()
 
     def sampling_parameters(self) -> dict[str, Any]:
         """The JSON `sampling_parameters` tensor for the Triton model (see docs/triton-contract.md)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from gateway.timeouts import Timeouts
 from gateway.triton.client import UpstreamUnavailable
 
 log = logging.getLogger(__name__)
+_IMAGE_PARAM = re.compile(r"images\[(\d+)\]")  # how the engine names one of a request's images
 
 
 @dataclass
@@ -265,6 +267,8 @@ def attribute(exc: WorkerError, req: GenerationRequest, attempt: str) -> None:
     exc.extra.setdefault("attempt_id", attempt)
     if exc.param == "grammar" and req.grammar is not None:
         exc.param = req.grammar.param
+    elif (image := _IMAGE_PARAM.fullmatch(exc.param or "")) and int(image[1]) < len(req.image_data_params):
+        exc.param = req.image_data_params[int(image[1])]
 
 
 def _we_are_cancelled() -> bool:

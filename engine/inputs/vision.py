@@ -65,7 +65,8 @@ def decode_images(images: list[bytes], max_image_pixels: int = MAX_IMAGE_PIXELS,
 
 
 def _undecodable(index: int, exc: Exception) -> EngineError:
-    return EngineError("invalid_request", f"image {index} could not be decoded: {type(exc).__name__}", "images")
+    # the param is the image's place; the gateway names the client's field for it (messages[i].content[j]...)
+    return EngineError("invalid_request", f"image {index} is not an image this model can decode", f"images[{index}]")
 
 
 def with_image_parts(messages: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:

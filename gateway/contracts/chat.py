@@ -297,6 +297,7 @@ class ChatCompletionRequest(ContractModel):
             include_reasoning=bool(self.include_reasoning),
             images=tuple(img for _, _, img in images),
             image_param=image_param,
+            image_data_params=tuple(f"messages[{i}].content[{j}].image_url" for i, j, _ in images),
             routing_key=self.routing_key,
             prompt_cache_key=self.prompt_cache_key,
         )

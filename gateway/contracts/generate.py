@@ -271,6 +271,7 @@ class GenerateRequest(ContractModel):
             grammar=self.grammar.to_spec() if self.grammar else None,
             images=images,
             image_param="images" if images else None,
+            image_data_params=tuple(f"images[{i}].data" for i in range(len(images))),
             routing_key=self.routing_key,
             prompt_cache_key=self.prompt_cache_key,
             options=self.options.forwarded() if self.options else None,

@@ -278,6 +278,7 @@ class ResponsesJob:
             include_reasoning=True,  # reasoning models answer with a reasoning item; others send none
             images=tuple(r.parsed_input.images),
             image_param=r.parsed_input.image_param,
+            image_data_params=tuple(r.parsed_input.image_data_params),
             routing_key=r.routing_key,
             prompt_cache_key=r.prompt_cache_key,
         )

@@ -40,6 +40,7 @@ class ParsedInput:
     messages: list[dict[str, Any]] = field(default_factory=list)
     images: list[ImageInput] = field(default_factory=list)
     image_param: str | None = None
+    image_data_params: list[str] = field(default_factory=list)
     call_ids: dict[str, int] = field(default_factory=dict)  # call_id -> item index of its function_call
     outputs: dict[str, int] = field(default_factory=dict)  # call_id -> item index of its output
 
@@ -138,6 +139,7 @@ def _image(part: dict[str, Any], i: int, j: int, parsed: ParsedInput) -> None:
         parsed.images.append(decode_data_uri(url))
     except ImageRejected as exc:
         raise violation(exc.rule, i, "content", j, "image_url") from None
+    parsed.image_data_params.append(f"input[{i}].content[{j}].image_url")
     if parsed.image_param is None:
         parsed.image_param = f"input[{i}].content[{j}].type"
 

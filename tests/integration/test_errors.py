@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from gateway.errors import MalformedWorkerResponse, worker_error
@@ -194,6 +196,33 @@ async def test_a_grammar_error_names_the_clients_field_not_the_engines(gw, route
         return
     assert resp.status_code == 200  # the stream had opened: the error is in-band
     assert f'"param":"{field}"' in resp.text and '"param":"grammar"' not in resp.text
+
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8).decode()  # passes the gateway's checks; the engine decodes
+
+
+@pytest.mark.parametrize(("route", "field"), [("chat", "messages[0].content[2].image_url"),
+                                              ("responses", "input[0].content[2].image_url"),
+                                              ("generate", "images[1].data")])
+async def test_an_image_the_engine_cannot_decode_is_named_by_its_place_in_the_request(make_gateway, route, field):
+    def setup(fakes):
+        fakes["a"].models = [(TRITON_MODEL, "READY", {**BASE_PARAMS, "image_input": "true"})]
+
+    gw = await make_gateway(setup=setup)
+    gw.fake().script = [worker_error("invalid_request", "image 1 is not an image this model can decode",
+                                     param="images[1]")]
+    uri = f"data:image/png;base64,{PNG}"
+    if route == "chat":
+        resp = await gw.chat(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": uri}}, {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": uri}]}])
+    elif route == "responses":
+        resp = await gw.client.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": uri}, {"type": "input_text", "text": "and"},
+            {"type": "input_image", "image_url": uri}]}]})
+    else:
+        resp = await gw.generate(images=[{"data": PNG}, {"data": PNG}])
+    assert_error(resp, 400, "invalid_request", field)
 
 
 async def test_max_tokens_over_model_cap_is_context_exceeded_before_dispatch(gw):

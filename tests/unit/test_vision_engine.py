@@ -165,7 +165,9 @@ def test_corrupt_image_is_invalid_request(vlm, data):
 
     with pytest.raises(EngineError) as exc:
         vlm.encode_inputs("What is this?", None, params(), [png((0, 0, 0)), data])
-    assert exc.value.code == "invalid_request" and exc.value.param == "images"
+    # the second image is the bad one: the engine names its place, the gateway maps that to the client's field
+    assert exc.value.code == "invalid_request" and exc.value.param == "images[1]"
+    assert exc.value.message == "image 1 is not an image this model can decode"
 
 
 def test_text_model_rejects_images(real_engine):
