@@ -81,6 +81,7 @@ _TYPE_RULES: dict[str, str] = {
     "string_type": "must be a string",
     "int_type": "must be an integer",
     "int_from_float": "must be an integer",
+    "int_too_large": "is out of range (an integer must fit in 64 bits)",
     "bool_type": "must be a boolean",
     "float_type": "must be a number",
     "finite_number": "must be a finite number",
@@ -90,6 +91,11 @@ _TYPE_RULES: dict[str, str] = {
     "model_attributes_type": "must be an object",
     "extra_forbidden": "is not supported by this endpoint",
 }
+
+
+def _huge_integer_literal(value: Any) -> bool:
+    """orjson reads an integer literal beyond 64 bits as a float: the client sent an integer, a too large one."""
+    return isinstance(value, float) and value.is_integer() and abs(value) >= 2.0**63
 
 
 def _builtin_rule(etype: str, ctx: Mapping[str, Any]) -> str:
@@ -113,11 +119,13 @@ def _builtin_rule(etype: str, ctx: Mapping[str, Any]) -> str:
 
 def gateway_error(exc: ValidationError) -> GatewayError:
     """Turn the FIRST pydantic error into our exception (the one mapping for all contracts)."""
-    errors = exc.errors(include_url=False, include_input=False)
+    errors = exc.errors(include_url=False, include_input=True)
     if not errors:  # pragma: no cover - pydantic always reports at least one
         return InvalidRequest("request is invalid")
     err = errors[0]
     etype = err["type"]
+    if etype in ("int_type", "int_from_float") and _huge_integer_literal(err.get("input")):
+        etype = "int_too_large"
     ctx: Mapping[str, Any] = err.get("ctx") or {}
     loc = tuple(err["loc"])
     if etype in (INVALID, UNSUPPORTED):

@@ -51,6 +51,7 @@ def _check_grammar(req: GenerationRequest, profile: ModelProfile) -> None:
     kind = _GRAMMAR_KIND_NEEDED.get(req.grammar.kind, req.grammar.kind)
     if kind in profile.grammar_kinds:
         return
-    # Chat requests (messages) express grammars through response_format.
-    param = "response_format" if req.messages is not None else f"grammar.{kind}"
-    raise UnsupportedField(f"model '{profile.name}' does not support '{kind}' constrained output", param=param)
+    # name what the client asked for, in its own field (chat: response_format, responses: text.format)
+    asked = req.grammar.kind
+    param = req.grammar.param if req.grammar.param != "grammar" else f"grammar.{asked}"
+    raise UnsupportedField(f"model '{profile.name}' does not support '{asked}' constrained output", param=param)

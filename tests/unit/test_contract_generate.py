@@ -228,6 +228,21 @@ def test_dedicated_messages() -> None:
     assert "'model:profile'" in profile.value.message
 
 
+@pytest.mark.parametrize(("literal", "param"), [(b'"max_new_tokens": 1180591620717411303424', "max_new_tokens"),
+                                              (b'"seed": -18446744073709551617', "seed")])
+def test_an_integer_beyond_64_bits_is_out_of_range_not_a_non_integer(literal: bytes, param: str) -> None:
+    """orjson, the gateway's JSON reader, reads such a literal as a float; the client still sent an integer."""
+    import orjson
+
+    payload = orjson.loads(b'{"prompt": "x", "max_new_tokens": 4, ' + literal + b"}")
+    with pytest.raises(InvalidRequest) as info:
+        parse_generate_request(payload, MODEL)
+    assert info.value.param == param
+    assert info.value.message == f"'{param}' is out of range (an integer must fit in 64 bits)"
+    with pytest.raises(InvalidRequest, match="must be an integer"):
+        parse_generate_request(body(max_new_tokens=1.5), MODEL)
+
+
 def test_image_over_16_mib_rejected() -> None:
     data = base64.b64encode(b"\0" * (16 * 1024 * 1024 + 1)).decode()
     with pytest.raises(InvalidRequest) as info:

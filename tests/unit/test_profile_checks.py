@@ -10,6 +10,7 @@ import pytest
 from gateway.contracts.chat import parse_chat_request
 from gateway.contracts.generate import parse_generate_request
 from gateway.contracts.profile_checks import check_against_profile
+from gateway.contracts.responses import parse_responses_request
 from gateway.domain import GenerationRequest
 from gateway.errors import (
     ContextExceeded,
@@ -171,3 +172,18 @@ def test_accepts(req: GenerationRequest, profile: ModelProfile) -> None:
 def test_lora_checked_before_output_cap() -> None:
     with pytest.raises(UnknownLoraAdapter):
         check_against_profile(native(lora_adapter="x", max_new_tokens=10_000), PLAIN)
+
+
+@pytest.mark.parametrize(("req", "asked", "param"), [
+    (chat(response_format={"type": "json_object"}), "json_object", "response_format"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+     "json_schema", "response_format"),
+    (parse_responses_request({"model": "m", "input": "hi", "text": {"format": {"type": "json_object"}}},
+                             default_max_tokens=16).generation_request(), "json_object", "text.format"),
+    (native(grammar={"json_schema": {"type": "object"}}), "json_schema", "grammar.json_schema"),
+])
+def test_an_unsupported_grammar_names_what_the_client_asked_for_in_its_own_field(req, asked, param) -> None:
+    with pytest.raises(UnsupportedField) as info:
+        check_against_profile(req, REGEX_ONLY)
+    assert info.value.param == param
+    assert info.value.message == f"model 'org/re' does not support '{asked}' constrained output"
