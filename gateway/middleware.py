@@ -32,11 +32,17 @@ class RequestContextMiddleware:
 
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
         """`X-SIE-Served-By` on inference answers, 2xx and 5xx only (a 4xx is the client's, served by nobody):
-        `local` unless the request ran on an endpoint configured as remote (resources/common.record_served_by)."""
+        `local` unless the request ran on an endpoint configured as remote; `X-SIE-Model-Revision` on buffered
+        2xx answers (both recorded by resources/common.record_served_by)."""
         if req.method != "POST" or not (req.path in _INFERENCE_PATHS or req.path.startswith("/v1/generate/")):
             return
-        if falcon.http_status_to_code(resp.status) // 100 in (2, 5):
+        status = falcon.http_status_to_code(resp.status)
+        if status // 100 in (2, 5):
             resp.set_header("X-SIE-Served-By", req.context.get("served_by", "local"))
+        revision = req.context.get("model_revision")
+        # buffered answers only: an SSE stream's headers go out before the answer is known (sie-contract 1.5)
+        if status // 100 == 2 and revision and resp.content_type != "text/event-stream":
+            resp.set_header("X-SIE-Model-Revision", revision)
 
     def _check_sdk_version(self, version: str | None) -> None:
         """Skew is advisory: log once per distinct version (bounded), never reject."""

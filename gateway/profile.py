@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def sie_safe_id(canonical: str) -> str:
@@ -26,6 +27,9 @@ class ModelProfile:
     grammar_kinds: frozenset[str] = frozenset()
     reasoning: bool = False
     streaming: bool = True
+    # SHA-256 of the model's served config (its Triton name and `parameters`): `X-SIE-Model-Revision` on buffered
+    # native answers, so a client can tell which configuration answered it (sie-contract 1.5)
+    revision: str = field(default="", compare=False)
 
     @property
     def sie_id(self) -> str:
@@ -49,4 +53,5 @@ class ModelProfile:
             grammar_kinds=csv("grammar_kinds"),
             reasoning=parameters.get("reasoning", "false").lower() == "true",
             streaming=parameters.get("streaming", "true").lower() == "true",
+            revision=hashlib.sha256(json.dumps([triton_model, parameters], sort_keys=True).encode()).hexdigest(),
         )

@@ -32,10 +32,13 @@ def with_affinity(hints: RoutingHints, greq: GenerationRequest) -> RoutingHints:
 
 
 def record_served_by(req, session) -> None:
-    """What `X-SIE-Served-By` will say (the middleware stamps it): `remote` when any part of the request ran on an
-    endpoint configured as remote, else `local`."""
+    """What the middleware stamps on the answer: `X-SIE-Served-By` (`remote` when any part of the request ran on an
+    endpoint configured as remote, else `local`) and, on a buffered answer, `X-SIE-Model-Revision` (the served
+    config of the endpoint that answered)."""
     parts = getattr(session, "parts", None) or [session]
     req.context.served_by = "remote" if any(p.endpoint.config.remote for p in parts) else "local"
+    first = parts[0]
+    req.context.model_revision = first.endpoint.models.get(first.profile.name, first.profile).revision
 
 
 def set_sse_headers(resp) -> None:

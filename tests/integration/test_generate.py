@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from gateway.errors import worker_error
 from tests.integration.conftest import (
+    BASE_PARAMS,
     DONE,
     HANG,
     MODEL,
@@ -149,3 +152,24 @@ async def test_dotted_canonical_id_accepted_in_path(gw):
     assert resp.json()["model"] == MODEL
     resp = await gw.generate(model=SIE_MODEL)
     assert resp.status_code == 200, resp.text
+
+
+async def test_a_buffered_answer_names_the_model_config_that_answered_it(gw):
+    """`X-SIE-Model-Revision`: lowercase 64-hex, the same for the same config, another for another; SSE omits it
+    (sie-contract 1.5)."""
+    first, again = await gw.generate(), await gw.generate()
+    revision = first.headers["x-sie-model-revision"]
+    assert re.fullmatch(r"[0-9a-f]{64}", revision) and again.headers["x-sie-model-revision"] == revision
+    assert "x-sie-model-revision" not in (await gw.generate(stream=True)).headers
+    gw.fake().models = [(TRITON_MODEL, "READY", {**BASE_PARAMS, "max_output_tokens": "1024"})]
+    await gw.registry.refresh()
+    changed = (await gw.generate()).headers["x-sie-model-revision"]
+    assert re.fullmatch(r"[0-9a-f]{64}", changed) and changed != revision
+
+
+async def test_every_buffered_route_names_the_model_config(gw):
+    revision = (await gw.generate()).headers["x-sie-model-revision"]
+    assert (await gw.chat()).headers["x-sie-model-revision"] == revision
+    assert "x-sie-model-revision" not in (await gw.chat(stream=True)).headers
+    completion = await gw.client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert completion.headers["x-sie-model-revision"] == revision
