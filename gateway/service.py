@@ -188,7 +188,7 @@ class GenerationService:
         wait = self.drain.track()  # from here, the drain deadline can end this generation
         try:
             wait.check()
-            return await self._route(req, profile, hints, request_id, wait)
+            return await self._route(_on_the_wire(req), profile, hints, request_id, wait)
         except BaseException:
             self.drain.untrack(wait)
             raise
@@ -254,6 +254,16 @@ class GenerationService:
             )
         assert last_error is not None
         raise last_error
+
+
+def _on_the_wire(req: GenerationRequest) -> GenerationRequest:
+    """The request as Triton gets it. A blocking request hears from the engine only at its first token and when a
+    choice closes, so an inter-chunk bound would have nothing to time; one that asks for that bound
+    (`options.inter_chunk_timeout_s`) is generated as a stream of deltas and collected here, so the bound holds
+    between its chunks (502 `inter_chunk_timeout`, sie-contract 2.4). Without it, blocking stays lean."""
+    if req.stream or (req.options or {}).get("inter_chunk_timeout_s") is None:
+        return req
+    return dataclasses.replace(req, stream=True)
 
 
 def attempt_id(request_id: str, endpoint: Endpoint) -> str:

@@ -285,6 +285,20 @@ async def test_inter_chunk_timeout_does_not_cut_a_blocking_request(make_gateway)
     assert resp.json()["text"] == "ab"
 
 
+async def test_a_blocking_request_that_asks_for_an_inter_chunk_bound_gets_it(gw):
+    """`options.inter_chunk_timeout_s` on a blocking request: generated as a stream, collected, and 502
+    `inter_chunk_timeout` when the chunks stop coming (sie-contract 2.4)."""
+    gw.fake().script = [ev("a"), Delay(0.3), ev("b"), *tokens("end")]
+    resp = await gw.generate(options={"inter_chunk_timeout_s": 0.1})
+    assert_error(resp, 502, "inter_chunk_timeout", None)
+    assert gw.calls[0].req.stream is True and gw.calls[0].cancelled
+    gw.fake().script = [ev("a"), Delay(0.05), ev("b"), ev("", finish="stop", prompt=3, completion=2)]
+    resp = await gw.generate(options={"inter_chunk_timeout_s": 1.0})  # in time: one buffered body, as ever
+    assert resp.status_code == 200 and resp.json()["text"] == "ab" and resp.json()["usage"]["completion_tokens"] == 2
+    await gw.generate()
+    assert gw.calls[-1].req.stream is False  # without the option, blocking stays blocking on the wire
+
+
 async def test_overall_timeout_is_504(make_gateway):
     gw = await make_gateway(overall_timeout_s=0.3, inter_chunk_timeout_s=5)
     gw.fake().script = [ev("a")] + [Delay(0.05), ev("b")] * 40 + tokens("end")
