@@ -6,10 +6,12 @@ import urllib.parse
 
 import orjson
 
+from gateway import msgpack_body
 from gateway.body import read_json_body
 from gateway.contracts.generate import parse_generate_request
 from gateway.errors import InvalidRequest, WorkerError, quoted, worker_error
 from gateway.metrics import TTFT
+from gateway.msgpack_body import MSGPACK_TYPES
 from gateway.render.generate import GenerateStreamRenderer, render_generate_response
 from gateway.resources.common import collect_or_cancel, record_served_by, routing_hints, set_sse_headers, with_affinity
 from gateway.service import GenerationService
@@ -51,7 +53,8 @@ class GenerateResource:
         req.context.model = profile.name
         hints = routing_hints(req, None, machine_profile)
         self.service.router.check_pool(hints)
-        body = await read_json_body(req, self.settings.generate_body_limit, self.settings.body_read_timeout_s)
+        body = await read_json_body(req, self.settings.generate_body_limit, self.settings.body_read_timeout_s,
+                                    msgpack_ok=True)
         greq = self.service.apply_profile(parse_generate_request(body, model), profile)
         hints = with_affinity(hints, greq)
         request_id = req.context.request_id
@@ -74,5 +77,10 @@ class GenerateResource:
                                "the model did not complete the request")
             err.extra["attempt_id"] = session.attempt_id
             raise err
+        answer = render_generate_response(greq, result, profile.name, session.attempt_id)
+        if req.client_prefers(["application/json", *MSGPACK_TYPES]) in MSGPACK_TYPES:  # asked for, not just accepted
+            resp.content_type = "application/msgpack"
+            resp.data = msgpack_body.encode(answer)
+            return
         resp.content_type = "application/json"
-        resp.data = orjson.dumps(render_generate_response(greq, result, profile.name, session.attempt_id))
+        resp.data = orjson.dumps(answer)

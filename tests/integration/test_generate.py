@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+import msgpack
+import pytest
+
 from gateway.errors import worker_error
 from tests.integration.conftest import (
     BASE_PARAMS,
@@ -173,3 +176,33 @@ async def test_every_buffered_route_names_the_model_config(gw):
     assert "x-sie-model-revision" not in (await gw.chat(stream=True)).headers
     completion = await gw.client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert completion.headers["x-sie-model-revision"] == revision
+
+
+async def test_msgpack_in_and_out_on_the_native_route(gw):
+    """The SDK's client default content type is msgpack; the gateway answers msgpack to a msgpack Accept."""
+    body = msgpack.packb({"prompt": "Once upon", "max_new_tokens": 4})
+    resp = await gw.client.post(f"/v1/generate/{SIE_MODEL}", content=body,
+                                headers={"Content-Type": "application/msgpack", "Accept": "application/msgpack"})
+    assert resp.status_code == 200 and resp.headers["content-type"] == "application/msgpack"
+    answer = msgpack.unpackb(resp.content)
+    assert answer["text"] == "Hello world" and answer["attempt_id"] and answer["usage"]["total_tokens"] > 0
+    assert gw.calls[-1].req.prompt == "Once upon"
+    as_json = await gw.client.post(f"/v1/generate/{SIE_MODEL}", content=body,
+                                   headers={"Content-Type": "application/msgpack", "Accept": "*/*"})
+    assert as_json.json()["text"] == "Hello world"  # msgpack only when asked for
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1",  # never used
+    msgpack.packb({1: "x"}),
+    msgpack.packb({"prompt": b"bytes", "max_new_tokens": 4}),
+    msgpack.packb({"prompt": "x", "max_new_tokens": 4, "temperature": float("nan")}),
+    msgpack.packb({"prompt": "x", "max_new_tokens": 4, "x": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}),
+    msgpack.packb(["not", "an", "object"]),
+    b"\xd6\xff\x00\x00\x00\x00",  # a timestamp ext
+])
+async def test_msgpack_that_json_could_not_carry_is_a_400(gw, payload):
+    resp = await gw.client.post(f"/v1/generate/{SIE_MODEL}", content=payload,
+                                headers={"Content-Type": "application/msgpack"})
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error", resp.text
+    assert not gw.calls
