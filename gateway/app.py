@@ -14,7 +14,7 @@ import orjson
 from gateway.disconnect import DisconnectAware
 from gateway.drain import Drain
 from gateway.errors import GatewayError
-from gateway.metrics import ERRORS, IN_FLIGHT, LATENCY, REQUESTS
+from gateway.metrics import ERRORS, IN_FLIGHT, LATENCY, PROVISIONING, REQUESTS
 from gateway.middleware import RequestContextMiddleware
 from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
@@ -83,24 +83,27 @@ class _Observe:
 
     async def process_request(self, req, resp) -> None:
         req.context.started = time.perf_counter()
-        IN_FLIGHT.labels(route=_route(req.path)).inc()
+        IN_FLIGHT.labels(endpoint=_route(req.path)).inc()
 
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
         route = _route(req.path)
         model = getattr(req.context, "model", "") or ""
         status = resp.status_code
-        REQUESTS.labels(route=route, status=status, model=model).inc()
+        profile = req.context.get("machine_profile", "")
+        REQUESTS.labels(endpoint=route, status=status, machine_profile=profile, model=model).inc()
+        if status == 503 and resp.get_header("X-SIE-Error-Code") == "PROVISIONING":
+            PROVISIONING.labels(machine_profile=profile).inc()
         if _streams_body(req, resp):
-            resp.stream = _BodyEnd(resp.stream, lambda: _finish(req, route, model, status))
+            resp.stream = _BodyEnd(resp.stream, lambda: _finish(req, route, profile, model, status))
         else:
-            _finish(req, route, model, status)
+            _finish(req, route, profile, model, status)
 
 
-def _finish(req, route: str, model: str, status: int) -> None:
-    IN_FLIGHT.labels(route=route).dec()
+def _finish(req, route: str, profile: str, model: str, status: int) -> None:
+    IN_FLIGHT.labels(endpoint=route).dec()
     elapsed = time.perf_counter() - req.context.started
     if route != "other":
-        LATENCY.labels(route=route, model=model).observe(elapsed)
+        LATENCY.labels(endpoint=route, machine_profile=profile, model=model).observe(elapsed)
         access_log.info("request", extra={"request_id": getattr(req.context, "request_id", None),
                                           "route": route, "status": status, "model": model,
                                           "ms": round(elapsed * 1000, 3)})

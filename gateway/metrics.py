@@ -14,16 +14,21 @@ from prometheus_client import (
     multiprocess,
 )
 
-REQUESTS = Counter("sie_gateway_requests_total", "HTTP requests", ["route", "status", "model"])
+# the contract's names and labels (sie-contract 7): `endpoint` is the route ("chat", "generate", ...),
+# `machine_profile` the one a request asked for ("default" when none, "" off the inference routes)
+REQUESTS = Counter("sie_gateway_requests_total", "HTTP requests", ["endpoint", "status", "machine_profile", "model"])
 LATENCY = Histogram(
-    "sie_gateway_request_latency_seconds", "Request latency (to last byte)", ["route", "model"],
+    "sie_gateway_request_latency_seconds", "Request latency (to last byte)", ["endpoint", "machine_profile", "model"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 TTFT = Histogram(
-    "sie_gateway_ttft_seconds", "Time to first model event", ["route", "model"],
+    "sie_gateway_ttft_seconds", "Time to first model event", ["endpoint", "model"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
-IN_FLIGHT = Gauge("sie_gateway_in_flight_requests", "Requests in flight", ["route"], multiprocess_mode="livesum")
+IN_FLIGHT = Gauge("sie_gateway_in_flight_requests", "Requests in flight", ["endpoint"], multiprocess_mode="livesum")
+# Triton endpoints by health, as this gateway process last saw them (every process refreshes on its own)
+WORKERS = Gauge("sie_gateway_workers", "Triton endpoints by status", ["status"], multiprocess_mode="mostrecent")
+PROVISIONING = Counter("sie_gateway_provisioning_responses_total", "503 PROVISIONING answers", ["machine_profile"])
 UPSTREAM_ERRORS = Counter("sie_gateway_upstream_errors_total", "Errors from Triton", ["code"])
 # every error a client sees, by its contract code: HTTP error responses and in-band stream error events
 ERRORS = Counter("sie_gateway_errors_total", "Errors answered to clients, by code", ["code", "status"])

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gateway.discovery import DnsSource, Resolver, resolve_dns
 from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
+from gateway.metrics import WORKERS
 from gateway.profile import ModelProfile, canonical_id
 from gateway.settings import EndpointConfig, PoolConfig, Settings
 from gateway.supervisor import ModelSupervisor
@@ -58,6 +59,9 @@ class ModelRegistry:
     async def refresh(self) -> None:
         await self._rediscover()
         await asyncio.gather(*(self._refresh_endpoint(e) for e in self.endpoints))
+        healthy = sum(e.healthy for e in self.endpoints)
+        WORKERS.labels(status="healthy").set(healthy)
+        WORKERS.labels(status="unhealthy").set(len(self.endpoints) - healthy)
         self.refreshed_once = True
         self.refreshed_at = time.monotonic()
 

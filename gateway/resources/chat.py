@@ -31,7 +31,7 @@ class ChatCompletionsResource:
         created = int(time.time())
         session = await self.service.open(greq, profile, hints, request_id)
         record_served_by(req, session)
-        TTFT.labels(route="chat", model=profile.name).observe(session.ttft_s)
+        TTFT.labels(endpoint="chat", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)
             renderer = ChatStreamRenderer(greq, request_id, created, profile.name, profile.reasoning)

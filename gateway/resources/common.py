@@ -24,6 +24,7 @@ def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None
         machine_profile=machine_profile or (model_profile if model_profile not in (None, "default") else None),
         forbid_remote=parse_remote([v.decode("latin-1") for v in remote_values] or None),
     )
+    req.context.machine_profile = hints.machine_profile or "default"  # the request metrics' label
     return hints if greq is None else with_affinity(hints, greq)
 
 

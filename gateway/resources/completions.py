@@ -33,7 +33,7 @@ class CompletionsResource:
                                 job.logprobs)
         session = await open_prompts(self.service, greq, job.prompts, profile, hints, request_id)
         record_served_by(req, session)
-        TTFT.labels(route="completions", model=profile.name).observe(session.ttft_s)
+        TTFT.labels(endpoint="completions", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)
             renderer = CompletionStreamRenderer(shape, greq.include_usage, job.continuous_usage)

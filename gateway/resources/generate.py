@@ -60,7 +60,7 @@ class GenerateResource:
         request_id = req.context.request_id
         session = await self.service.open(greq, profile, hints, request_id)
         record_served_by(req, session)
-        TTFT.labels(route="generate", model=profile.name).observe(session.ttft_s)
+        TTFT.labels(endpoint="generate", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)
             renderer = GenerateStreamRenderer(greq, request_id, session.ttft_s * 1000)

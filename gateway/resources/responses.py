@@ -50,7 +50,7 @@ class ResponsesResource:
                               stored=store is not None)
         session = await self.service.open(greq, profile, hints, request_id)
         record_served_by(req, session)
-        TTFT.labels(route="responses", model=profile.name).observe(session.ttft_s)
+        TTFT.labels(endpoint="responses", model=profile.name).observe(session.ttft_s)
         conversation = [*history, *request.parsed_input.messages]
         if greq.stream:
             set_sse_headers(resp)

@@ -361,8 +361,8 @@ async def test_auth_applies(make_gateway):
 
 async def test_metrics_and_openapi(gw):
     def counts(text: str) -> tuple[float, float]:
-        return (metric_value(text, "sie_gateway_requests_total", route="completions", status="200"),
-                metric_value(text, "sie_gateway_ttft_seconds_count", route="completions"))
+        return (metric_value(text, "sie_gateway_requests_total", endpoint="completions", status="200"),
+                metric_value(text, "sie_gateway_ttft_seconds_count", endpoint="completions"))
 
     before = counts((await gw.client.get("/metrics")).text)
     await complete(gw)

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from gateway.metrics import render_metrics
-from tests.integration.conftest import HANG, MODEL, SIE_MODEL, Delay, ev, metric_value, raw_call
+from gateway.settings import EndpointConfig, PoolConfig
+from tests.integration.conftest import HANG, MODEL, SIE_MODEL, Delay, ev, metric_value, one_pool, raw_call
 
 # every route that streams, with the smallest streaming body each accepts
 STREAMING_ROUTES = [
@@ -22,14 +23,14 @@ STREAM_SECONDS = 0.4
 
 
 def in_flight(route: str) -> float:
-    return metric_value(render_metrics()[0].decode(), "sie_gateway_in_flight_requests", route=route)
+    return metric_value(render_metrics()[0].decode(), "sie_gateway_in_flight_requests", endpoint=route)
 
 
 def latency(route: str) -> tuple[float, float]:
     """(count, sum) of the latency histogram of `route`."""
     text = render_metrics()[0].decode()
-    return (metric_value(text, "sie_gateway_request_latency_seconds_count", route=route),
-            metric_value(text, "sie_gateway_request_latency_seconds_sum", route=route))
+    return (metric_value(text, "sie_gateway_request_latency_seconds_count", endpoint=route),
+            metric_value(text, "sie_gateway_request_latency_seconds_sum", endpoint=route))
 
 
 async def finished(task: asyncio.Future) -> None:
@@ -105,3 +106,27 @@ async def test_stream_leaves_the_gauge_when_its_task_is_cancelled(gw):
     assert in_flight("chat") == gauge
     (call,) = gw.calls
     assert call.closed
+
+
+async def test_the_contracts_metric_names_and_labels(make_gateway):
+    """sie-contract 7: requests_total{endpoint,status,machine_profile}, request_latency_seconds{endpoint,
+    machine_profile}, provisioning_responses_total{machine_profile}, workers{status}."""
+    pools = (one_pool(EndpointConfig(url="a")), PoolConfig("gpu", "l4", (EndpointConfig(url="c"),)))
+    gw = await make_gateway(pools=pools, setup=lambda fakes: setattr(fakes["c"], "down", True))
+
+    def scrape(name: str, **labels: str) -> float:
+        return metric_value(render_metrics()[0].decode(), name, **labels)
+
+    before = (scrape("sie_gateway_requests_total", endpoint="chat", status="200", machine_profile="default"),
+              scrape("sie_gateway_request_latency_seconds_count", endpoint="chat", machine_profile="default"),
+              scrape("sie_gateway_provisioning_responses_total", machine_profile="l4"))
+    assert (await gw.chat()).status_code == 200
+    unreachable = await gw.chat(headers={"X-SIE-MACHINE-PROFILE": "l4"})
+    assert unreachable.status_code == 503 and unreachable.headers["x-sie-error-code"] == "PROVISIONING"
+    after = (scrape("sie_gateway_requests_total", endpoint="chat", status="200", machine_profile="default"),
+             scrape("sie_gateway_request_latency_seconds_count", endpoint="chat", machine_profile="default"),
+             scrape("sie_gateway_provisioning_responses_total", machine_profile="l4"))
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1]
+    assert scrape("sie_gateway_requests_total", endpoint="chat", status="503", machine_profile="l4") >= 1
+    workers = scrape("sie_gateway_workers", status="healthy"), scrape("sie_gateway_workers", status="unhealthy")
+    assert workers == (1, 1)

@@ -158,9 +158,9 @@ async def test_metrics_count_requests(gw):
         resp = await gw.client.get("/metrics")
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/plain")
-        return (metric_value(resp.text, "sie_gateway_requests_total", route="chat", status="200"),
-                metric_value(resp.text, "sie_gateway_requests_total", route="generate", status="404"),
-                metric_value(resp.text, "sie_gateway_request_latency_seconds_count", route="chat"))
+        return (metric_value(resp.text, "sie_gateway_requests_total", endpoint="chat", status="200"),
+                metric_value(resp.text, "sie_gateway_requests_total", endpoint="generate", status="404"),
+                metric_value(resp.text, "sie_gateway_request_latency_seconds_count", endpoint="chat"))
 
     before = await read()
     await gw.chat()
