@@ -20,6 +20,7 @@ from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.completions import CompletionsResource
+from gateway.resources.docs import DocsResource, IndexResource
 from gateway.resources.generate import GenerateResource
 from gateway.resources.health import (
     GatewayHealthResource,
@@ -184,7 +185,10 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     app.add_route("/v1/models", models)
     app.add_sink(models.retrieve, prefix=r"^/v1/models/")
     app.add_route("/metrics", MetricsResource())
-    app.add_route("/openapi.json", OpenAPIResource(build_openapi()))
+    openapi = build_openapi()
+    app.add_route("/openapi.json", OpenAPIResource(openapi))
+    app.add_route("/docs", DocsResource(openapi))
+    app.add_route("/", IndexResource(settings.server_version))
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(falcon.HTTPError, _http_error)
     app.add_error_handler(GatewayError, _gateway_error)

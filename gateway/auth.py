@@ -10,8 +10,8 @@ from gateway.settings import Settings
 # Only paths this gateway serves: the contract's other exempt paths (/docs, /) have no route here. vLLM's
 # /health and /version carry no model data and are health routes (Decision 2: always open); /tokenize and
 # /detokenize expose the model's tokenizer and stay behind auth like the inference routes.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/health", "/version"})
-OPERATIONAL_PATHS = frozenset({"/metrics"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/health", "/version"})
+OPERATIONAL_PATHS = frozenset({"/", "/metrics"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL
 ENABLED_MODES = frozenset({"token", "static"})
 
 

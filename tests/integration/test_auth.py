@@ -107,3 +107,16 @@ async def test_every_auth_exempt_path_is_served(secured):
     for path in sorted(OPEN_PATHS | OPERATIONAL_PATHS):
         resp = await secured.client.get(path)
         assert resp.status_code != 404, path
+
+
+async def test_docs_are_open_and_the_index_is_operational(make_gateway):
+    """sie-contract 1.6: `/docs` always exempt; `/` only with SIE_AUTH_EXEMPT_OPERATIONAL."""
+    secured = await make_gateway(auth_mode="token", auth_tokens=TOKENS)
+    docs = await secured.client.get("/docs")
+    assert docs.status_code == 200 and docs.headers["content-type"].startswith("text/html")
+    assert "/v1/chat/completions" in docs.text and "/v1/generate/{model}" in docs.text and "/openapi.json" in docs.text
+    assert_error(await secured.client.get("/"), 401, "UNAUTHORIZED", None)
+    index = await secured.client.get("/", headers={"Authorization": "Bearer tok-one"})
+    assert index.status_code == 200 and index.json()["openapi"] == "/openapi.json" and index.json()["docs"] == "/docs"
+    exempt = await make_gateway(auth_mode="token", auth_tokens=TOKENS, auth_exempt_operational=True)
+    assert (await exempt.client.get("/")).status_code == 200
