@@ -8,6 +8,7 @@ from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, mod
 
 from gateway.contracts.chat_messages import ChatMessage
 from gateway.contracts.common import (
+    INVALID,
     LOGIT_BIAS_SCHEMA,
     STOP_SCHEMA,
     U32_MAX,
@@ -66,6 +67,8 @@ def _schema(value: dict[str, Any]) -> dict[str, Any]:
 
 
 class ToolFunction(ContractModel):
+    unknown_key_code = INVALID  # any deviation in a tool definition is invalid_request (sie-contract 3.2, `tools`)
+
     name: NonEmptyStr
     description: str | None = None
     parameters: Annotated[dict[str, Any], AfterValidator(_schema)] | None = None
@@ -74,6 +77,8 @@ class ToolFunction(ContractModel):
 
 
 class Tool(ContractModel):
+    unknown_key_code = INVALID
+
     type: Literal["function"]
     function: ToolFunction
 

@@ -253,6 +253,10 @@ ERROR_ROWS: list[tuple[str, Any, tuple[type, str], str | None]] = [
     ("tools-string", body(tools="x"), INV, "tools"),
     ("tool-not-object", body(tools=[5]), INV, "tools[0]"),
     ("tool-type", body(tools=[{**TOOL, "type": "code"}]), INV, "tools[0].type"),
+    # an unknown key inside a tool definition is a deviation of the tool (invalid_request), not of the body
+    ("tool-unknown-key", body(tools=[{**TOOL, "foo": 1}]), INV, "tools[0].foo"),
+    ("tool-function-unknown-key", body(tools=[{"type": "function", "function": {"name": "f", "foo": 1}}]), INV,
+     "tools[0].function.foo"),
     ("tool-function-missing", body(tools=[{"type": "function"}]), INV, "tools[0].function"),
     ("tool-name-empty", body(tools=[{"type": "function", "function": {"name": ""}}]), INV, "tools[0].function.name"),
     (
@@ -273,7 +277,6 @@ ERROR_ROWS: list[tuple[str, Any, tuple[type, str], str | None]] = [
         UNS,
         "tools[0].function.parameters",
     ),
-    ("tool-unknown-key", body(tools=[{**TOOL, "x": 1}]), UNS, "tools[0].x"),
     ("tool_choice-without-tools", body(tool_choice="auto"), INV, "tool_choice"),
     ("tool_choice-bad-string", body(tools=[TOOL], tool_choice="sometimes"), INV, "tool_choice"),
     ("tool_choice-bad-object", body(tools=[TOOL], tool_choice={"type": "function"}), INV, "tool_choice"),
