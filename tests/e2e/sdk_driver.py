@@ -39,7 +39,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 def generate(client: SIEClient, model: str) -> dict[str, Any]:
     result = client.generate(model, PROMPT, max_new_tokens=8, temperature=0)
-    return {"result": dict(result), "retries": client.last_retry_count}
+    return {"result": dict(result), "retries": client.last_retry_count, "revision": client.last_model_revision}
 
 
 def stream_generate(client: SIEClient, model: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,6 +97,7 @@ def test_generate(sdk):
     assert result["attempt_id"] and result["ttft_ms"] > 0
     assert result["request"]["id"]  # from X-SIE-Request-ID
     assert out["retries"] == 0
+    assert re.fullmatch(r"[0-9a-f]{64}", out["revision"])  # X-SIE-Model-Revision: the served config's SHA-256
 
 
 def test_stream_generate_with_logprobs(sdk):
