@@ -15,7 +15,7 @@ from gateway.disconnect import DisconnectAware
 from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.metrics import ERRORS, IN_FLIGHT, LATENCY, PROVISIONING, REQUESTS
-from gateway.middleware import RequestContextMiddleware
+from gateway.middleware import RequestContextMiddleware, route_name
 from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
@@ -39,13 +39,6 @@ from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
-
-_ROUTE_NAMES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
-
-
-def _route(path: str) -> str:
-    return "generate" if path.startswith("/v1/generate/") else _ROUTE_NAMES.get(path, "other")
-
 
 def _write_error(req, resp, error: GatewayError) -> None:
     ERRORS.labels(code=error.code, status=error.status).inc()
@@ -84,10 +77,10 @@ class _Observe:
 
     async def process_request(self, req, resp) -> None:
         req.context.started = time.perf_counter()
-        IN_FLIGHT.labels(endpoint=_route(req.path)).inc()
+        IN_FLIGHT.labels(endpoint=route_name(req.path)).inc()
 
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
-        route = _route(req.path)
+        route = route_name(req.path)
         model = getattr(req.context, "model", "") or ""
         status = resp.status_code
         profile = req.context.get("machine_profile", "")

@@ -13,7 +13,12 @@ from gateway.settings import Settings
 
 log = logging.getLogger("gateway.requests")
 _SDK_VERSION = re.compile(r"^(\d+)\.(\d+)")
-_INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_ROUTE_NAMES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
+
+
+def route_name(path: str) -> str:
+    """The inference route a path is ("chat", "completions", "responses", "generate"), else "other"."""
+    return "generate" if path.startswith("/v1/generate/") else _ROUTE_NAMES.get(path, "other")
 
 
 class RequestContextMiddleware:
@@ -33,8 +38,8 @@ class RequestContextMiddleware:
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
         """`X-SIE-Served-By` on inference answers, 2xx and 5xx only (a 4xx is the client's, served by nobody):
         `local` unless the request ran on an endpoint configured as remote; `X-SIE-Model-Revision` on buffered
-        2xx answers (both recorded by resources/common.record_served_by)."""
-        if req.method != "POST" or not (req.path in _INFERENCE_PATHS or req.path.startswith("/v1/generate/")):
+        2xx answers (both recorded by resources/common.record_answering_endpoint)."""
+        if req.method != "POST" or route_name(req.path) == "other":
             return
         status = falcon.http_status_to_code(resp.status)
         if status // 100 in (2, 5):

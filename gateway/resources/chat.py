@@ -10,7 +10,7 @@ from gateway.body import read_json_body
 from gateway.contracts.chat import parse_chat_request
 from gateway.metrics import TTFT
 from gateway.render.chat import ChatStreamRenderer, render_chat_completion
-from gateway.resources.common import collect_or_cancel, record_served_by, routing_hints, set_sse_headers
+from gateway.resources.common import collect_or_cancel, record_answering_endpoint, routing_hints, set_sse_headers
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -30,7 +30,7 @@ class ChatCompletionsResource:
         request_id = req.context.request_id
         created = int(time.time())
         session = await self.service.open(greq, profile, hints, request_id)
-        record_served_by(req, session)
+        record_answering_endpoint(req, session)
         TTFT.labels(endpoint="chat", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)

@@ -32,7 +32,7 @@ def with_affinity(hints: RoutingHints, greq: GenerationRequest) -> RoutingHints:
     return dataclasses.replace(hints, affinity_key=greq.routing_key or greq.prompt_cache_key)
 
 
-def record_served_by(req, session) -> None:
+def record_answering_endpoint(req, session) -> None:
     """What the middleware stamps on the answer: `X-SIE-Served-By` (`remote` when any part of the request ran on an
     endpoint configured as remote, else `local`) and, on a buffered answer, `X-SIE-Model-Revision` (the served
     config of the endpoint that answered)."""

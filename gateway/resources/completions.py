@@ -11,7 +11,7 @@ from gateway.contracts.completions import parse_completion_request
 from gateway.fanout import open_prompts
 from gateway.metrics import TTFT
 from gateway.render.completions import CompletionShape, CompletionStreamRenderer, render_completion
-from gateway.resources.common import collect_or_cancel, record_served_by, routing_hints, set_sse_headers
+from gateway.resources.common import collect_or_cancel, record_answering_endpoint, routing_hints, set_sse_headers
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -32,7 +32,7 @@ class CompletionsResource:
         shape = CompletionShape(request_id, int(time.time()), profile.name, job.prompts, greq.n, job.echo,
                                 job.logprobs)
         session = await open_prompts(self.service, greq, job.prompts, profile, hints, request_id)
-        record_served_by(req, session)
+        record_answering_endpoint(req, session)
         TTFT.labels(endpoint="completions", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)

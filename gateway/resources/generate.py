@@ -13,7 +13,13 @@ from gateway.errors import InvalidRequest, WorkerError, quoted, worker_error
 from gateway.metrics import TTFT
 from gateway.msgpack_body import MSGPACK_TYPES
 from gateway.render.generate import GenerateStreamRenderer, render_generate_response
-from gateway.resources.common import collect_or_cancel, record_served_by, routing_hints, set_sse_headers, with_affinity
+from gateway.resources.common import (
+    collect_or_cancel,
+    record_answering_endpoint,
+    routing_hints,
+    set_sse_headers,
+    with_affinity,
+)
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -59,7 +65,7 @@ class GenerateResource:
         hints = with_affinity(hints, greq)
         request_id = req.context.request_id
         session = await self.service.open(greq, profile, hints, request_id)
-        record_served_by(req, session)
+        record_answering_endpoint(req, session)
         TTFT.labels(endpoint="generate", model=profile.name).observe(session.ttft_s)
         if greq.stream:
             set_sse_headers(resp)

@@ -15,7 +15,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.metrics import TTFT
 from gateway.render.responses import ResponseShape, output_messages, render_response
 from gateway.render.responses_stream import ResponsesStreamRenderer
-from gateway.resources.common import collect_or_cancel, record_served_by, routing_hints, set_sse_headers
+from gateway.resources.common import collect_or_cancel, record_answering_endpoint, routing_hints, set_sse_headers
 from gateway.responses_store import ResponseStore
 from gateway.service import GenerationService
 from gateway.settings import Settings
@@ -49,7 +49,7 @@ class ResponsesResource:
         shape = ResponseShape(request, request_id, int(time.time()), profile.name, request.previous_response_id,
                               stored=store is not None)
         session = await self.service.open(greq, profile, hints, request_id)
-        record_served_by(req, session)
+        record_answering_endpoint(req, session)
         TTFT.labels(endpoint="responses", model=profile.name).observe(session.ttft_s)
         conversation = [*history, *request.parsed_input.messages]
         if greq.stream:
