@@ -11,6 +11,7 @@ import falcon
 import falcon.asgi
 import orjson
 
+from gateway.auth import Authenticator
 from gateway.disconnect import DisconnectAware
 from gateway.drain import Drain
 from gateway.errors import GatewayError
@@ -19,6 +20,7 @@ from gateway.middleware import RequestContextMiddleware, route_name
 from gateway.openapi_doc import build_openapi
 from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
+from gateway.resources.cluster_status import ClusterStatusFeed
 from gateway.resources.completions import CompletionsResource
 from gateway.resources.docs import DocsResource, IndexResource
 from gateway.resources.generate import GenerateResource
@@ -220,14 +222,28 @@ class _Lifespan:
         await self._shutdown()
 
 
-def create_asgi(settings: Settings | None = None):
-    """The served ASGI callable: the Falcon app behind the disconnect tracker.
+class _Served:
+    """The served ASGI callable: WebSocket handshakes go to the status feed, HTTP and lifespan to the Falcon app
+    behind the disconnect tracker (the app's lifespan starts the registry both read).
 
-    Its `drain` is what the worker's SIGTERM handler starts (gateway/worker.py)."""
-    drain = Drain()
-    served = DisconnectAware(create_app(settings or Settings.from_env(), drain=drain))
-    served.drain = drain
-    return served
+    Its `drain` is what the worker's SIGTERM handler starts (gateway/worker.py); uvicorn itself closes open
+    WebSockets (1012) when the worker stops."""
+
+    def __init__(self, http, websocket: ClusterStatusFeed, drain: Drain) -> None:
+        self.http, self.websocket, self.drain = http, websocket, drain
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":
+            await self.websocket(scope, receive, send)
+        else:
+            await self.http(scope, receive, send)
+
+
+def create_asgi(settings: Settings | None = None) -> _Served:
+    settings = settings or Settings.from_env()
+    drain, registry = Drain(), ModelRegistry(settings)
+    http = DisconnectAware(create_app(settings, registry, drain))
+    return _Served(http, ClusterStatusFeed(registry, Authenticator(settings)), drain)
 
 
 

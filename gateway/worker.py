@@ -186,7 +186,9 @@ class DrainingServer(Server):
 
 
 class GatewayWorker(UvicornWorker):
-    CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": GatewayHttpProtocol, "loop": "uvloop"}
+    # websockets' sans-I/O protocol for /ws/cluster-status, named so that a missing `websockets` fails at start
+    CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": GatewayHttpProtocol, "loop": "uvloop",
+                     "ws": "websockets-sansio"}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # points uvicorn's access logger at gunicorn's (GATEWAY_ACCESS_LOG)

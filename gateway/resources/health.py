@@ -62,14 +62,20 @@ def gateway_health(registry: ModelRegistry) -> dict[str, Any]:
         out = {known[n].name if n in known else n: known.get(n) for n in e.not_ready} if e.healthy else {}
         unavailable = sorted(out)
         for name in serving:
-            _model_entry(models, name, e.models[name])["workers"].append(e.name)
+            entry = _model_entry(models, name, e.models[name])
+            entry["workers"].append(e.name)
+            entry["gpu_types"].add(e.pool.machine_profile)
         for name in unavailable:
             _model_entry(models, name, out[name])["unavailable_on"].append(e.name)
-        workers.append({"name": e.name, "pool": e.pool.name, "gpu_type": e.pool.machine_profile,
-                        "healthy": e.healthy, "remote": e.config.remote, "models": serving,
+        # the real sie-sdk's WorkerInfo names (`get_capacity(gpu=...)` filters on `gpu`), then this gateway's own
+        workers.append({"name": e.name, "gpu": e.pool.machine_profile, "healthy": e.healthy,
+                        "loaded_models": serving, "pool": e.pool.name, "remote": e.config.remote,
                         "unavailable_models": unavailable})
     for entry in models.values():
-        entry["status"] = "serving" if entry["workers"] else "unavailable"
+        serving_somewhere = bool(entry["workers"])
+        entry.update(status="serving" if serving_somewhere else "unavailable",
+                     state="loaded" if serving_somewhere else "available", worker_count=len(entry["workers"]),
+                     gpu_types=sorted(entry["gpu_types"]))
     served = registry.profiles()
     out_of_service = any(m["unavailable_on"] for m in models.values())
     healthy = bool(served) and all(e.healthy for e in endpoints) and not out_of_service
@@ -99,8 +105,9 @@ def gateway_health(registry: ModelRegistry) -> dict[str, Any]:
 
 def _model_entry(models: dict[str, dict[str, Any]], name: str, profile: ModelProfile | None) -> dict[str, Any]:
     if name not in models:
-        models[name] = {"id": name, "sie_id": profile.sie_id if profile is not None else None,
-                        "workers": [], "unavailable_on": []}
+        # `name`, `state`, `worker_count`, `gpu_types`: the sie-sdk's ModelSummary; `id` and the rest: this gateway's
+        models[name] = {"id": name, "name": name, "sie_id": profile.sie_id if profile is not None else None,
+                        "workers": [], "unavailable_on": [], "gpu_types": set()}
     return models[name]
 
 

@@ -176,10 +176,25 @@ def retry_model_loading(base_url: str, model: str) -> dict[str, Any]:
     return out
 
 
+def watch(client: SIEClient, model: str) -> dict[str, Any]:
+    """The first two messages of `client.watch()` (auto mode: it asks /health whether this is a gateway)."""
+    messages = []
+    for message in client.watch():
+        messages.append(message)
+        if len(messages) == 2:
+            break
+    return {"messages": messages}
+
+
+def capacity(client: SIEClient, model: str) -> dict[str, Any]:
+    return {"all": dict(client.get_capacity()), "default": dict(client.get_capacity(gpu="default")),
+            "l4": dict(client.get_capacity(gpu="l4"))}
+
+
 SCENARIOS = {f.__name__: f for f in (
     generate, stream_generate, chat_completions, stream_chat_completions, error_temperature,
     error_temperature_chat, error_temperature_stream, error_unknown_model, error_unknown_model_chat,
-    error_context_exceeded, provisioning_no_wait, wait_for_capacity,
+    error_context_exceeded, provisioning_no_wait, wait_for_capacity, watch, capacity,
 )}
 
 

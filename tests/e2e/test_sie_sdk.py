@@ -177,3 +177,26 @@ def test_sdk_retries_503_model_loading(sdk):
     assert "Paris" in out["generate"]["result"]["text"]
     assert out["stream_generate"]["chunks"][-1]["done"] is True
     assert "Paris" in out["chat_completions"]["result"]["choices"][0]["message"]["content"]
+
+
+def test_watch_reads_the_cluster_status_feed(sdk):
+    """`client.watch()` asks /health whether this is a gateway, then reads /ws/cluster-status."""
+    first, second = _ok(sdk("watch"))["messages"]
+    for message in (first, second):
+        assert message["type"] == "gateway" and message["status"] == "healthy"
+        assert message["cluster"]["worker_count"] == 1 and message["cluster"]["models_loaded"] >= 1
+        assert MODEL in message["workers"][0]["loaded_models"]
+        assert MODEL in [m["name"] for m in message["models"] if m["state"] == "loaded"]
+    assert 0.5 < second["timestamp"] - first["timestamp"] < 5  # pushed about once a second
+
+
+def test_get_capacity_filters_workers_by_gpu(sdk):
+    out = _ok(sdk("capacity"))
+    everything, default, l4 = out["all"], out["default"], out["l4"]
+    assert everything["status"] == "healthy" and everything["worker_count"] == 1
+    assert everything["configured_gpu_types"] == everything["live_gpu_types"] == ["default"]
+    assert default["worker_count"] == 1
+    (worker,) = default["workers"]
+    assert worker["gpu"] == "default" and worker["healthy"] is True and MODEL in worker["loaded_models"]
+    assert worker["ready_gpu_slots"] == 1  # what the SDK derives for a healthy worker that states no GPU count
+    assert l4["worker_count"] == 0 and l4["workers"] == []

@@ -8,9 +8,21 @@ from tests.integration.conftest import BASE_PARAMS, MODEL, SIE_MODEL, TRITON_MOD
 
 
 def worker(name: str, *, healthy: bool = True, models: list[str] | None = None, unavailable: list[str] | None = None,
-           pool: str = "default", gpu_type: str = "default") -> dict:
-    return {"name": name, "pool": pool, "gpu_type": gpu_type, "healthy": healthy, "remote": False,
-            "models": [MODEL] if models is None else models, "unavailable_models": unavailable or []}
+           pool: str = "default", gpu: str = "default") -> dict:
+    """A worker entry: the sie-sdk's WorkerInfo names (`gpu`, `loaded_models`), then the pool, remote and what is
+    out of service on it."""
+    return {"name": name, "gpu": gpu, "healthy": healthy, "loaded_models": [MODEL] if models is None else models,
+            "pool": pool, "remote": False, "unavailable_models": unavailable or []}
+
+
+def model(name: str = MODEL, sie_id: str | None = SIE_MODEL, *, workers: list[str] | None = None,
+          unavailable_on: list[str] | None = None, gpu_types: list[str] | None = None) -> dict:
+    """A model entry: the sie-sdk's ModelSummary names (`name`, `state`, `worker_count`, `gpu_types`) and ours."""
+    workers = ["a"] if workers is None else workers
+    return {"id": name, "name": name, "sie_id": sie_id, "status": "serving" if workers else "unavailable",
+            "state": "loaded" if workers else "available", "workers": workers, "worker_count": len(workers),
+            "unavailable_on": unavailable_on or [],
+            "gpu_types": (["default"] if workers else []) if gpu_types is None else gpu_types}
 
 
 async def test_healthy_cluster_body(gw):
@@ -24,7 +36,7 @@ async def test_healthy_cluster_body(gw):
         "live_gpu_types": ["default"],
         "cluster": {"worker_count": 1, "gpu_count": 0, "models_loaded": 1, "total_qps": 0.0},
         "workers": [worker("a")],
-        "models": [{"id": MODEL, "sie_id": SIE_MODEL, "status": "serving", "workers": ["a"], "unavailable_on": []}],
+        "models": [model()],
     }
 
 
@@ -39,7 +51,7 @@ async def test_unreachable_worker_is_degraded_but_still_200(make_gateway):
     assert body["configured_gpu_types"] == ["default", "l4"]
     assert body["live_gpu_types"] == ["default"]
     assert body["cluster"] == {"worker_count": 2, "gpu_count": 0, "models_loaded": 1, "total_qps": 0.0}
-    assert body["workers"] == [worker("a"), worker("gpu-0", healthy=False, models=[], pool="l4pool", gpu_type="l4")]
+    assert body["workers"] == [worker("a"), worker("gpu-0", healthy=False, models=[], pool="l4pool", gpu="l4")]
     assert [m["id"] for m in body["models"]] == [MODEL]
 
 
@@ -54,10 +66,7 @@ async def test_a_model_out_of_service_on_a_reachable_worker_is_degraded(make_gat
     assert body["status"] == "degraded"
     assert body["cluster"]["models_loaded"] == 1
     assert body["workers"] == [worker("a", unavailable=["other_model"])]
-    assert body["models"] == [
-        {"id": MODEL, "sie_id": SIE_MODEL, "status": "serving", "workers": ["a"], "unavailable_on": []},
-        {"id": "other_model", "sie_id": None, "status": "unavailable", "workers": [], "unavailable_on": ["a"]},
-    ]
+    assert body["models"] == [model(), model("other_model", None, workers=[], unavailable_on=["a"])]
 
 
 async def test_a_model_withdrawn_on_one_worker_is_named_with_where_it_still_runs(make_gateway):
@@ -68,8 +77,7 @@ async def test_a_model_withdrawn_on_one_worker_is_named_with_where_it_still_runs
     assert resp.status_code == 200
     body = resp.json()
     assert body["status"] == "degraded"
-    assert body["models"] == [
-        {"id": MODEL, "sie_id": SIE_MODEL, "status": "serving", "workers": ["b"], "unavailable_on": ["a"]}]
+    assert body["models"] == [model(workers=["b"], unavailable_on=["a"])]
     assert body["workers"] == [worker("a", models=[], unavailable=[MODEL]), worker("b")]
 
 
@@ -84,3 +92,12 @@ async def test_nothing_served_is_503_with_the_same_body(make_gateway):
     assert body["cluster"] == {"worker_count": 1, "gpu_count": 0, "models_loaded": 0, "total_qps": 0.0}
     assert body["workers"] == [worker("a", healthy=False, models=[])]
     assert body["models"] == []
+
+
+async def test_a_model_on_two_machine_profiles_names_both(make_gateway):
+    pools = (one_pool(EndpointConfig(url="a")),
+             one_pool(EndpointConfig(url="b", name="gpu-0"), name="l4pool", machine_profile="l4"))
+    gw = await make_gateway(pools=pools)
+    body = (await gw.client.get("/health")).json()
+    assert body["models"] == [model(workers=["a", "gpu-0"], gpu_types=["default", "l4"])]
+    assert body["workers"] == [worker("a"), worker("gpu-0", pool="l4pool", gpu="l4")]
