@@ -14,8 +14,13 @@ class EngineError(Exception):
         self.message = message
         self.param = param
 
-    def to_json(self) -> str:
-        return json.dumps({"code": self.code, "param": self.param, "message": self.message})
+    def to_json(self, usage: tuple[int, int] | None = None) -> str:
+        """The Triton error message; `usage` (prompt, completion tokens) is what the request had used when it
+        failed: Triton drops an error response's output tensors, so the counts ride in the message."""
+        body: dict[str, object] = {"code": self.code, "param": self.param, "message": self.message}
+        if usage is not None:
+            body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1]}
+        return json.dumps(body)
 
 
 class QueueFull(EngineError):

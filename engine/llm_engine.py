@@ -284,7 +284,7 @@ class LLMEngine:
             groups.append(self.core.scheduler.slots.prefilling)
         for group in {id(g): g for g in groups}.values():
             if not group.sent_final:
-                group.emit(RequestOutput("", 0, "", "error", final=True, error=error))
+                group.end_early("error", error)
         self._fail_incoming()
 
     def _fail_incoming(self) -> None:

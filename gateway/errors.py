@@ -192,14 +192,17 @@ class MalformedWorkerResponse(GatewayError):
 
 
 class WorkerError(GatewayError):
-    """A terminal error reported by the model (engine) for one request."""
+    """A terminal error reported by the model (engine) for one request; `usage` is (prompt, completion) tokens
+    used when it failed, where the model said (docs/triton-contract.md, Errors)."""
 
     status = 500
     type = "server_error"
     code = "inference_error"
+    usage: tuple[int, int] | None = None
 
 
-def worker_error(code: str, message: str, param: str | None = None) -> GatewayError:
+def worker_error(code: str, message: str, param: str | None = None,
+                 usage: tuple[int, int] | None = None) -> GatewayError:
     """Build the gateway error for a worker-reported code from the contract's one error table
     (contract/error_codes.py, shared with the model side); unknown codes → 500 inference_error."""
     entry = ERROR_CODES.get(code)
@@ -209,4 +212,12 @@ def worker_error(code: str, message: str, param: str | None = None) -> GatewayEr
             code = UNKNOWN_CODE
     err = WorkerError(message, param=param, code=code, status=entry.http, retry_after=entry.retry_after)
     err.type = entry.type
+    err.usage = usage
     return err
+
+
+def tokens_used(error: GatewayError, seen: tuple[int, int]) -> tuple[int, int]:
+    """(prompt, completion) tokens of a request that ended with `error`: the model's own count when it sent one,
+    else the most the stream's events had reported (`seen`)."""
+    usage = error.usage if isinstance(error, WorkerError) else None
+    return usage if usage is not None else seen

@@ -19,7 +19,7 @@ from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.slots import SlotTable
 from engine.core.stats import EngineStats
 from engine.errors import EngineError
-from engine.request import EngineRequest, RequestOutput
+from engine.request import EngineRequest
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.penalty_counts import PenaltyCounts
 
@@ -156,7 +156,7 @@ class Scheduler:
             self.stats.cancelled += 1
         if not group.sent_final:
             self.stats.finish(reason)
-            group.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error))
+            group.end_early(reason, error)
 
     def fail(self, failures: dict[int, tuple[SequenceGroup, EngineError]]) -> None:
         for group, error in failures.values():

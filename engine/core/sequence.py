@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from engine.errors import EngineError
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.text.detokenizer import IncrementalDetokenizer
@@ -101,6 +102,12 @@ class SequenceGroup:
     def buffered(self) -> bool:
         """best_of > n: candidates are ranked at the end, so nothing is streamed."""
         return (self.params.best_of or 1) > self.params.n
+
+    def end_early(self, reason: str, error: EngineError | None = None) -> None:
+        """The request's one final output when it ends before its candidates close (cancelled, failed): with the
+        tokens it had made, the usage of its error terminal (sie-contract 2.6)."""
+        self.emit(RequestOutput("", 0, "", finish_reason=reason, final=True, error=error,
+                                completion_tokens=sum(len(s.output_ids) for s in self.sequences)))
 
     def emit(self, output: RequestOutput) -> None:
         output.request_id = self.request.request_id

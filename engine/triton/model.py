@@ -240,7 +240,8 @@ class TritonPythonModel:
             if out.error is not None or (out.final and out.finish_reason == "cancelled"):
                 error = out.error or EngineError("cancelled", "request cancelled")
                 code = getattr(pb_utils.TritonError, lookup(error.code).triton)
-                reply.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json(), code)),
+                usage = (out.prompt_tokens, out.completion_tokens) if out.prompt_tokens else None  # None: never ran
+                reply.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error.to_json(usage), code)),
                                   flags=flags)
             else:
                 reply.sender.send(self._response(out, reply), flags=flags)

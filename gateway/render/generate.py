@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.errors import GatewayError, WorkerError
+from gateway.errors import GatewayError, WorkerError, tokens_used
 
 
 def _usage(req: GenerationRequest, prompt: int, completion: int) -> dict[str, int]:
@@ -36,9 +36,12 @@ class GenerateStreamRenderer:
         self.request_id = request_id
         self.ttft_ms = ttft_ms
         self.seq = 0
+        self.tokens_seen = (0, 0)  # (prompt, completion) as the events have reported them so far
 
     def on_event(self, event: GenerationEvent) -> list[dict[str, Any]]:
         chunks = []
+        self.tokens_seen = (max(self.tokens_seen[0], event.prompt_tokens),
+                            max(self.tokens_seen[1], event.completion_tokens))
         if event.text or event.logprobs:
             chunk: dict[str, Any] = {"request_id": self.request_id, "seq": self.seq, "text_delta": event.text,
                                      "done": False}
@@ -70,5 +73,7 @@ class GenerateStreamRenderer:
         err: dict[str, Any] = {"message": error.message, "param": error.param, "code": error.code}
         if error.code == "RESOURCE_EXHAUSTED" and error.retry_after:
             err["retry_after_s"] = int(error.retry_after)
+        # a worker error terminal has the terminal's fields (2.6): its usage is what the request had used
+        usage = _usage(self.req, *tokens_used(error, self.tokens_seen))
         return {"request_id": self.request_id, "seq": self.seq, "text_delta": "", "done": True,
-                "finish_reason": "error", "error": err, "ttft_ms": self.ttft_ms}
+                "finish_reason": "error", "error": err, "usage": usage, "ttft_ms": self.ttft_ms}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.domain import GenerationEvent
-from gateway.errors import GatewayError, MalformedWorkerResponse, worker_error
+from gateway.errors import GatewayError, MalformedWorkerResponse, tokens_used, worker_error
 from gateway.render.responses import ResponseShape, error_object, responses_usage, terminal_status
 from gateway.render.tool_holdback import ToolHoldback
 
@@ -70,8 +70,8 @@ class ResponsesStreamRenderer:
         text = self.holdback.feed(0, event.text) if self.holdback is not None else event.text
         if text:
             out += self._text_delta(text)
+        self.completion_tokens = max(self.completion_tokens, event.completion_tokens)  # deltas count so far too
         if event.finish_reason is not None:
-            self.completion_tokens = event.completion_tokens
             out += self._close(event)
         return out
 
@@ -86,7 +86,8 @@ class ResponsesStreamRenderer:
         for part, kind in ((self.reasoning, "reasoning"), (self.message, "message")):
             if part is not None:
                 output.append(self._item(kind, part, "incomplete"))
-        usage = responses_usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        prompt, completion = tokens_used(error, (self.prompt_tokens, self.completion_tokens))
+        usage = responses_usage(prompt, completion, self.cached_tokens)
         self.final_response = self.shape.response("failed", output, usage, error=error_object(error))
         return self._event("response.failed", response=self.final_response)
 

@@ -142,8 +142,7 @@ class TritonClient:
                     if not answered and any(s in response.error_message for s in _NOT_SERVED_HERE):
                         # nothing ran: another endpoint can take it (a draining Triton keeps its connections)
                         raise UpstreamUnavailable(f"Triton did not take the request: {response.error_message[:120]}")
-                    code, message, param = parse_error_message(response.error_message)
-                    raise worker_error(code, message, param)
+                    raise worker_error(*parse_error_message(response.error_message))
                 answered = True
                 request_done = is_final(response.infer_response)
                 yield response.infer_response

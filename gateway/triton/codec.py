@@ -128,14 +128,25 @@ def decode_response(response: service_pb2.ModelInferResponse) -> tuple[Generatio
     return event, bool(final)
 
 
-def parse_error_message(message: str) -> tuple[str, str, str | None]:
-    """A model error carries JSON `{code, param, message}`; anything else is a server-side failure."""
+def parse_error_message(message: str) -> tuple[str, str, str | None, tuple[int, int] | None]:
+    """A model error carries JSON `{code, param, message, usage?}`; anything else is a server-side failure.
+
+    Returns (code, message, param, usage); usage is (prompt, completion) tokens when the model counted them."""
     start = message.find("{")
     if start >= 0:
         try:
             data = orjson.loads(message[start:])
             if isinstance(data, dict) and isinstance(data.get("code"), str):
-                return data["code"], str(data.get("message", "")), data.get("param")
+                return data["code"], str(data.get("message", "")), data.get("param"), _usage(data.get("usage"))
         except orjson.JSONDecodeError:
             pass
-    return "inference_error", "the model failed to process the request", None
+    return "inference_error", "the model failed to process the request", None, None
+
+
+def _usage(raw: object) -> tuple[int, int] | None:
+    if not isinstance(raw, dict):
+        return None
+    counts = raw.get("prompt_tokens"), raw.get("completion_tokens")
+    if all(type(n) is int and n >= 0 for n in counts):
+        return counts[0], counts[1]  # type: ignore[return-value]
+    return None

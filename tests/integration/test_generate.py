@@ -85,7 +85,8 @@ async def test_stream_logprobs(gw):
 
 
 async def test_stream_worker_error_terminal(gw):
-    gw.fake().script = [ev("a"), ev("b"), worker_error("grammar_invalid", "bad grammar", param="grammar")]
+    gw.fake().script = [ev("a", prompt=4, completion=1), ev("b", prompt=4, completion=2),
+                        worker_error("grammar_invalid", "bad grammar", param="grammar", usage=(4, 3))]
     resp = await gw.generate(stream=True)
     items = parse_sse(resp.text)
     assert items[-1] == DONE and items.count(DONE) == 1
@@ -95,7 +96,17 @@ async def test_stream_worker_error_terminal(gw):
     assert isinstance(ttft_ms, float) and ttft_ms >= 0
     assert terminal == {"request_id": resp.headers["x-sie-request-id"], "seq": 2, "text_delta": "", "done": True,
                         "finish_reason": "error",
-                        "error": {"message": "bad grammar", "param": "grammar", "code": "grammar_invalid"}}
+                        "error": {"message": "bad grammar", "param": "grammar", "code": "grammar_invalid"},
+                        # the model's count: a third token was made, not yet streamed
+                        "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
+
+
+async def test_stream_worker_error_terminal_without_the_models_count_uses_the_streams(gw):
+    gw.fake().script = [ev("a", prompt=4, completion=1), ev("b", prompt=4, completion=2),
+                        worker_error("inference_error", "the engine failed")]
+    terminal = parse_sse((await gw.generate(stream=True)).text)[-2]
+    assert terminal["finish_reason"] == "error"
+    assert terminal["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
 
 
 async def test_stream_resource_exhausted_carries_retry_after(gw):

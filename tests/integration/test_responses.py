@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.errors import WorkerError
+from gateway.errors import WorkerError, worker_error
 from tests.integration.conftest import HANG, MODEL, assert_error, ev, raw_call, tokens
 from tests.responses_grammar import check_grammar, parse_named_sse
 
@@ -125,6 +125,21 @@ async def test_stream_failure_mid_stream_is_one_failed_event(gw):
     assert final["error"]["code"] == "inference_error" and final["error"]["message"] == "engine fell over"
     (item,) = final["output"]
     assert item["status"] == "incomplete" and item["content"][0]["text"] == "partial more"
+    assert (final["usage"]["input_tokens"], final["usage"]["output_tokens"]) == (4, 0)  # no count was reported
+
+
+async def test_a_failed_stream_reports_the_tokens_it_used(gw):
+    """The model's count at the failure when it sent one, else the most its deltas reported."""
+    gw.fake().script = [ev("partial", prompt=4, completion=1), ev(" more", prompt=4, completion=2),
+                        worker_error("inference_error", "engine fell over", usage=(4, 3))]
+    final = check_grammar(await stream(gw))
+    assert final["status"] == "failed"
+    assert (final["usage"]["input_tokens"], final["usage"]["output_tokens"], final["usage"]["total_tokens"]) == \
+        (4, 3, 7)
+    gw.fake().script = [ev("partial", prompt=4, completion=1), ev(" more", prompt=4, completion=2),
+                        worker_error("inference_error", "engine fell over")]
+    final = check_grammar(await stream(gw))
+    assert (final["usage"]["input_tokens"], final["usage"]["output_tokens"]) == (4, 2)
 
 
 async def test_stream_reasoning_item_before_message(gw):

@@ -133,6 +133,8 @@ def test_a_failing_grammar_fails_only_its_request(make_scheduler, prompts):
         make_scheduler, prompts,
         lambda r: r.add("bad", prompts[3], greedy(10), grammar=lambda: RaisingGrammar(fail_at=3)))
     _assert_neighbours_unharmed(make_scheduler, prompts, run)
+    # its error output says what it had used: the prompt and the two tokens made before the third mask failed
+    assert (run.final("bad").prompt_tokens, run.final("bad").completion_tokens) == (len(prompts[3]), 2)
 
 
 def test_a_failing_output_step_fails_only_its_request(make_scheduler, prompts):

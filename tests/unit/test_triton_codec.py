@@ -156,12 +156,27 @@ def test_decode_contract_violations(broken):
 
 def test_parse_error_message():
     body = json.dumps({"code": "QUEUE_FULL", "param": None, "message": "engine queue is full"})
-    assert parse_error_message(body) == ("QUEUE_FULL", "engine queue is full", None)
+    assert parse_error_message(body) == ("QUEUE_FULL", "engine queue is full", None, None)
     # Triton may put its own words before the model's JSON
     assert parse_error_message("in model 'x': " + json.dumps({"code": "invalid_request", "param": "seed",
-                                                                 "message": "m"})) == ("invalid_request", "m", "seed")
+                                                                 "message": "m"})) == ("invalid_request", "m", "seed",
+                                                                                       None)
     for opaque in ("Traceback (most recent call last): boom", "{not json", '{"message": "no code"}', "[1]"):
-        assert parse_error_message(opaque) == ("inference_error", "the model failed to process the request", None)
+        assert parse_error_message(opaque) == ("inference_error", "the model failed to process the request", None,
+                                               None)
+
+
+def test_parse_error_message_reads_the_usage_at_failure():
+    """The engine's error message carries the tokens used when the request failed (Triton drops the outputs of
+    an error response); a malformed count is no count."""
+    from engine.errors import EngineError
+
+    sent = EngineError("inference_error", "sampling failed: RuntimeError").to_json(usage=(12, 3))
+    assert parse_error_message(sent) == ("inference_error", "sampling failed: RuntimeError", None, (12, 3))
+    for bad in ({"prompt_tokens": -1, "completion_tokens": 3}, {"prompt_tokens": 12}, {"prompt_tokens": True,
+                "completion_tokens": 3}, {"prompt_tokens": "12", "completion_tokens": 3}, [12, 3]):
+        body = json.dumps({"code": "inference_error", "param": None, "message": "m", "usage": bad})
+        assert parse_error_message(body)[3] is None, bad
 
 
 class _Call:
