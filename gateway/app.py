@@ -28,11 +28,11 @@ from gateway.resources.health import (
     GatewayHealthResource,
     HealthResource,
     MetricsResource,
-    ModelsResource,
     OpenAPIResource,
     ReadyResource,
     VersionResource,
 )
+from gateway.resources.models import ModelsResource
 from gateway.resources.responses import ResponsesResource, StoredResponseResource
 from gateway.resources.tokenize import DetokenizeResource, TokenizeResource
 from gateway.responses_store import open_store

@@ -27,6 +27,7 @@ class ModelProfile:
     grammar_kinds: frozenset[str] = frozenset()
     reasoning: bool = False
     streaming: bool = True
+    context_length: int | None = None  # KV positions per sequence (prompt + output), when the profile says
     # SHA-256 of the model's served config (its Triton name and `parameters`): `X-SIE-Model-Revision` on buffered
     # native answers, so a client can tell which configuration answered it (sie-contract 1.5)
     revision: str = field(default="", compare=False)
@@ -53,5 +54,6 @@ class ModelProfile:
             grammar_kinds=csv("grammar_kinds"),
             reasoning=parameters.get("reasoning", "false").lower() == "true",
             streaming=parameters.get("streaming", "true").lower() == "true",
+            context_length=int(parameters["context_length"]) if parameters.get("context_length") else None,
             revision=hashlib.sha256(json.dumps([triton_model, parameters], sort_keys=True).encode()).hexdigest(),
         )

@@ -1,13 +1,10 @@
-"""Health, readiness, model list, metrics, OpenAPI."""
+"""Health, readiness, metrics, OpenAPI."""
 
 from __future__ import annotations
 
 import json
-import time
-import urllib.parse
 from typing import Any
 
-import falcon
 import orjson
 
 from gateway.drain import Drain
@@ -144,32 +141,6 @@ class ReadyResource:
             # the Retry-After of every other answer in the same outage (503 PROVISIONING)
             resp.set_header("Retry-After", format_retry_after(self.registry.settings.provisioning_retry_after_s))
             resp.data = orjson.dumps({"status": "not_ready", "healthy_workers": 0})
-
-
-class ModelsResource:
-    def __init__(self, registry: ModelRegistry) -> None:
-        self.registry = registry
-        self.created = int(time.time())
-
-    def _model(self, p: ModelProfile) -> dict:
-        return {"id": p.name, "object": "model", "created": self.created, "owned_by": "sie", "sie_id": p.sie_id,
-                "max_output_tokens": p.max_output_tokens, "lora_adapters": sorted(p.lora_adapters),
-                "inputs": {"image": p.image_input}}
-
-    async def on_get(self, req, resp) -> None:
-        if not self.registry.refreshed_once:
-            await self.registry.refresh()
-        resp.content_type = "application/json"
-        resp.data = orjson.dumps({"object": "list", "data": [self._model(p) for p in self.registry.profiles()]})
-
-    async def retrieve(self, req, resp, **params: str) -> None:
-        """GET /v1/models/{id} (OpenAI `models.retrieve`); the id may contain slashes or be SIE-safe."""
-        if req.method != "GET":
-            raise falcon.HTTPMethodNotAllowed(["GET"])
-        requested = urllib.parse.unquote(req.path[len("/v1/models/"):])
-        profile, _ = await self.registry.resolve(requested)
-        resp.content_type = "application/json"
-        resp.data = orjson.dumps(self._model(profile))
 
 
 class MetricsResource:

@@ -191,10 +191,20 @@ def capacity(client: SIEClient, model: str) -> dict[str, Any]:
             "l4": dict(client.get_capacity(gpu="l4"))}
 
 
+def models(client: SIEClient, model: str) -> dict[str, Any]:
+    return {"listed": [dict(m) for m in client.list_models()], "model": dict(client.get_model(model))}
+
+
+def responses(client: SIEClient, model: str) -> dict[str, Any]:
+    result = client.responses(model, "What is the capital of France? Answer in one word.", max_output_tokens=8,
+                              temperature=0)
+    return {"result": dict(result)}
+
+
 SCENARIOS = {f.__name__: f for f in (
     generate, stream_generate, chat_completions, stream_chat_completions, error_temperature,
     error_temperature_chat, error_temperature_stream, error_unknown_model, error_unknown_model_chat,
-    error_context_exceeded, provisioning_no_wait, wait_for_capacity, watch, capacity,
+    error_context_exceeded, provisioning_no_wait, wait_for_capacity, watch, capacity, models, responses,
 )}
 
 

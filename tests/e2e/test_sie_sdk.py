@@ -200,3 +200,24 @@ def test_get_capacity_filters_workers_by_gpu(sdk):
     assert worker["gpu"] == "default" and worker["healthy"] is True and MODEL in worker["loaded_models"]
     assert worker["ready_gpu_slots"] == 1  # what the SDK derives for a healthy worker that states no GPU count
     assert l4["worker_count"] == 0 and l4["workers"] == []
+
+
+def test_list_models_and_get_model(sdk):
+    """`list_models()` reads the listing's `models`; `get_model()` the model object, as the SDK's ModelInfo."""
+    out = _ok(sdk("models"))
+    listed = {m["name"]: m for m in out["listed"]}
+    assert listed[MODEL]["loaded"] is True and listed[MODEL]["state"] == "loaded"
+    assert listed[MODEL]["inputs"] == ["text"] and listed[MODEL]["outputs"] == ["text"]
+    assert listed[MODEL]["max_sequence_length"] > 0
+    model = out["model"]
+    assert model["name"] == model["id"] == MODEL
+    assert "json_schema" in model["capabilities"]["grammar"]
+    assert re.fullmatch(r"[0-9a-f]{64}", model["revision"])
+
+
+def test_responses(sdk):
+    result = _ok(sdk("responses"))["result"]
+    assert result["object"] == "response" and result["status"] == "completed" and result["model"] == MODEL
+    (message,) = result["output"]
+    assert message["role"] == "assistant" and "Paris" in message["content"][0]["text"]
+    assert 0 < result["usage"]["output_tokens"] <= 8 and result["request"]["id"]

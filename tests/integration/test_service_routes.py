@@ -9,13 +9,17 @@ import time
 import pytest
 
 from gateway.resources.health import READY_MAX_AGE_S
+from gateway.settings import EndpointConfig
 from tests.integration.conftest import (
+    BASE_PARAMS,
     MAX_OUTPUT,
     MODEL,
     SIE_MODEL,
+    TRITON_MODEL,
     assert_error,
     assert_sie_headers,
     metric_value,
+    one_pool,
     tokens,
 )
 
@@ -121,7 +125,34 @@ async def test_models_list(gw):
     assert model["sie_id"] == SIE_MODEL
     assert model["max_output_tokens"] == MAX_OUTPUT
     assert model["lora_adapters"] == ["sql"]
-    assert model["inputs"] == {"image": False}
+    assert body["models"] == body["data"]  # the sie-sdk's list_models() reads `models`
+
+
+async def test_a_model_entry_is_also_the_sie_sdks_model_info(make_gateway):
+    """`name`, `loaded`, `state`, `inputs`, `outputs`, `max_sequence_length`, `revision`, `capabilities`, `routing`:
+    the keys the sie-sdk's ModelInfo declares, beside OpenAI's."""
+    def setup(fakes):
+        fakes["a"].models = [(TRITON_MODEL, "READY", {**BASE_PARAMS, "context_length": "2048", "image_input": "true"})]
+
+    gw = await make_gateway(setup=setup)
+    listed = (await gw.client.get("/v1/models")).json()["models"][0]
+    retrieved = (await gw.client.get(f"/v1/models/{SIE_MODEL}")).json()
+    assert listed == retrieved
+    assert {k: retrieved[k] for k in ("name", "loaded", "state", "last_error", "inputs", "outputs",
+                                      "max_sequence_length", "capabilities", "routing")} == {
+        "name": MODEL, "loaded": True, "state": "loaded", "last_error": None, "inputs": ["text", "image"],
+        "outputs": ["text"], "max_sequence_length": 2048,
+        "capabilities": {"streaming": True, "grammar": ["json_schema", "regex"], "tools": True,
+                         "lora_adapters": ["sql"]},
+        "routing": {"policy": None, "upstream_kind": None}}
+    generated = await gw.generate()
+    assert retrieved["revision"] == generated.headers["x-sie-model-revision"]
+
+
+async def test_a_model_served_only_by_remote_endpoints_is_remote_only(make_gateway):
+    gw = await make_gateway(pools=(one_pool(EndpointConfig(url="a", remote=True)),))
+    (model,) = (await gw.client.get("/v1/models")).json()["models"]
+    assert model["routing"] == {"policy": "remote_only", "upstream_kind": None}
 
 
 async def test_models_list_before_first_refresh(make_gateway):
