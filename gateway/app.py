@@ -22,7 +22,7 @@ from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.cluster_status import ClusterStatusFeed
 from gateway.resources.completions import CompletionsResource
-from gateway.resources.docs import DocsResource, IndexResource
+from gateway.resources.docs import DocsResource, IndexResource, RedocScriptResource
 from gateway.resources.generate import GenerateResource
 from gateway.resources.health import (
     GatewayHealthResource,
@@ -183,6 +183,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     openapi = build_openapi()
     app.add_route("/openapi.json", OpenAPIResource(openapi))
     app.add_route("/docs", DocsResource(openapi))
+    app.add_route("/docs/redoc.standalone.js", RedocScriptResource())
     app.add_route("/", IndexResource(settings.server_version))
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(falcon.HTTPError, _http_error)

@@ -1,15 +1,19 @@
 """GET / (what this server is and where to look) and GET /docs (the API reference), sie-contract 7.
 
-/docs is rendered here from the same OpenAPI document /openapi.json serves, as plain HTML: the gateway runs with no
-internet access, so it cannot pull a JavaScript viewer from a CDN, and a page that lists every operation and its
-parameters needs none."""
+/docs is Redoc over /openapi.json, as SIE's gateway serves it: the viewer is `/docs/redoc.standalone.js`, Redoc's
+own bundle shipped in `gateway/static/` (redoc 2.5.4, MIT; a gateway often has no internet access, so no CDN). For a
+client without JavaScript the page holds the same reference as plain HTML, every operation and its parameters.
+"""
 
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 import orjson
+
+REDOC_JS = Path(__file__).resolve().parents[1] / "static" / "redoc.standalone.js"
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -35,9 +39,30 @@ class DocsResource:
         resp.data = self.body
 
 
+class RedocScriptResource:
+    """GET /docs/redoc.standalone.js: the viewer /docs loads (always open, like /docs)."""
+
+    def __init__(self, path: Path = REDOC_JS) -> None:
+        self.body = path.read_bytes()
+
+    async def on_get(self, req, resp) -> None:
+        resp.content_type = "application/javascript; charset=utf-8"
+        resp.cache_control = ["public", "max-age=86400"]
+        resp.data = self.body
+
+
 def render_docs(document: dict[str, Any]) -> str:
     info = document.get("info", {})
     title = html.escape(f"{info.get('title', 'API')} {info.get('version', '')}".strip())
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>" + title + "</title>"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"></head><body>"
+            "<redoc spec-url=\"/openapi.json\"></redoc>"
+            f"<noscript>{_reference(document, title)}</noscript>"
+            "<script src=\"/docs/redoc.standalone.js\"></script></body></html>")
+
+
+def _reference(document: dict[str, Any], title: str) -> str:
+    """Every operation and its parameters, as plain HTML."""
     rows = []
     for path, item in document.get("paths", {}).items():
         for method in METHODS:
@@ -48,7 +73,6 @@ def render_docs(document: dict[str, Any]) -> str:
             params = ", ".join(p["name"] for p in operation.get("parameters", []) if "name" in p)
             rows.append(f"<tr><td><code>{method.upper()}</code></td><td><code>{html.escape(path)}</code></td>"
                         f"<td>{html.escape(str(summary))}</td><td>{html.escape(params)}</td></tr>")
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>" + title + "</title></head><body>"
-            f"<h1>{title}</h1><p>The machine-readable document: <a href=\"/openapi.json\">/openapi.json</a>.</p>"
+    return (f"<h1>{title}</h1><p>The machine-readable document: <a href=\"/openapi.json\">/openapi.json</a>.</p>"
             "<table><thead><tr><th>method</th><th>path</th><th>what</th><th>parameters</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table></body></html>")
+            + "".join(rows) + "</tbody></table>")

@@ -115,6 +115,11 @@ async def test_docs_are_open_and_the_index_is_operational(make_gateway):
     docs = await secured.client.get("/docs")
     assert docs.status_code == 200 and docs.headers["content-type"].startswith("text/html")
     assert "/v1/chat/completions" in docs.text and "/v1/generate/{model}" in docs.text and "/openapi.json" in docs.text
+    # Redoc over /openapi.json, its bundle served here and open like /docs (the contract's exempt list)
+    assert '<redoc spec-url="/openapi.json">' in docs.text and '<script src="/docs/redoc.standalone.js">' in docs.text
+    viewer = await secured.client.get("/docs/redoc.standalone.js")
+    assert viewer.status_code == 200 and viewer.headers["content-type"].startswith("application/javascript")
+    assert len(viewer.content) > 500_000 and b"Redoc" in viewer.content[:2000]
     assert_error(await secured.client.get("/"), 401, "UNAUTHORIZED", None)
     index = await secured.client.get("/", headers={"Authorization": "Bearer tok-one"})
     assert index.status_code == 200 and index.json()["openapi"] == "/openapi.json" and index.json()["docs"] == "/docs"
