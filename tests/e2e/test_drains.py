@@ -222,3 +222,31 @@ def test_sigterm_to_one_of_two_tritons_loses_no_stream_and_no_request(tmp_path):
           f"[DONE] ({on_a} on A, {32 - on_a} on B); 20/20 later requests served by B, {failovers} of them failed "
           f"over from A before their first token; no 5xx; A exited {a_code} after {a_exit_s:.2f} s")
 
+
+
+def test_sigterm_closes_status_watchers_and_the_gateway_still_exits_on_time(slow_triton, tmp_path):
+    """An open /ws/cluster-status feed never ends by itself: SIGTERM must close it (uvicorn's 1012, service restart)
+    rather than hold the worker until gunicorn kills it."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    graceful_s = 4
+    port = free_port()
+    gateway = start_gateway(slow_triton.grpc, port, workers=1, log_path=tmp_path / "gateway.log",
+                            extra_env={"SIE_AUTH_MODE": "none", "GATEWAY_GRACEFUL_TIMEOUT": str(graceful_s)})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz")
+        with connect(f"ws://127.0.0.1:{port}/ws/cluster-status", open_timeout=10) as ws:
+            assert orjson.loads(ws.recv(timeout=10))["type"] == "gateway"
+            term_at = time.monotonic()
+            gateway.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=graceful_s + 2)
+            closed_s = time.monotonic() - term_at
+        code = gateway.wait(timeout=graceful_s + 5)
+        exit_s = time.monotonic() - term_at
+    finally:
+        stop(gateway)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    assert closed_s < 2 and code == 0 and exit_s < graceful_s
