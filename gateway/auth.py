@@ -8,7 +8,8 @@ from gateway.errors import ServerMisconfigured, Unauthorized
 from gateway.settings import Settings
 
 # Only paths this gateway serves. vLLM's /health and /version carry no model data and are health routes (Decision 2:
-# always open); /tokenize and /detokenize expose the model's tokenizer and stay behind auth like the inference routes. The operational ones are sie-contract 1.6's `/`, `/metrics`, `/ws/*`.
+# always open); /tokenize and /detokenize expose the model's tokenizer and stay behind auth like the inference routes.
+# The operational ones are sie-contract 1.6's `/`, `/metrics`, `/ws/*`.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/redoc.standalone.js", "/health",
                         "/version"})
 OPERATIONAL_PATHS = frozenset({"/", "/metrics", "/ws/cluster-status"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL

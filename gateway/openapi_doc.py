@@ -142,6 +142,22 @@ def build_openapi() -> dict[str, Any]:
                         "content": {"application/json": {"schema": {"type": "object"}}}},
                 "503": {"description": "no model can be served now (the same body)",
                         "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/v1/models": {"get": {"operationId": "listModels", "responses": {
+                "200": {"description": "{object: list, data: [model], models: [model]}: `data` for OpenAI clients, "
+                                       "`models` for the sie-sdk; a model carries OpenAI's keys and the sie-sdk's "
+                                       "ModelInfo keys",
+                        "content": {"application/json": {"schema": {"type": "object"}}}}, **_errors(401)}}},
+            "/v1/models/{model}": {"get": {
+                "operationId": "retrieveModel",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "one model (canonical or SIE-safe id)",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(401, 404)}}},
+            "/ws/cluster-status": {"get": {
+                "operationId": "clusterStatus",
+                "description": "WebSocket: {timestamp, ...the /health body} pushed once a second (the sie-sdk's "
+                               "watch()); operational auth; a refused handshake is an HTTP error in the envelope",
+                "responses": {"101": {"description": "switching to the WebSocket"}, **_errors(401, 404, 503)}}},
             "/version": {"get": {"operationId": "version", "security": [],
                                  "responses": {"200": {"description": "{version}", "content": {
                                      "application/json": {"schema": {"type": "object"}}}}}}},
