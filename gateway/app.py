@@ -244,7 +244,8 @@ def create_asgi(settings: Settings | None = None) -> _Served:
     settings = settings or Settings.from_env()
     drain, registry = Drain(), ModelRegistry(settings)
     http = DisconnectAware(create_app(settings, registry, drain))
-    return _Served(http, ClusterStatusFeed(registry, Authenticator(settings)), drain)
+    feed = ClusterStatusFeed(registry, Authenticator(settings), server_version=settings.server_version)
+    return _Served(http, feed, drain)
 
 
 

@@ -17,15 +17,14 @@ ENABLED_MODES = frozenset({"token", "static"})
 
 
 def _bearer(header: str | None) -> str | None:
-    """The token of `Authorization: Bearer <token>`; None when the header is absent or blank.
-
-    Any other form (no scheme, `Basic`, `Bearer` alone) is a credential sent wrong: 401, never guessed at."""
+    """The token an `Authorization` header carries: `Bearer <token>` (scheme case-insensitive, whitespace trimmed) or
+    a raw token value, as SIE's gateway reads it (sie-contract 1.3); None when the header is absent or blank.
+    `Bearer` with nothing after it carries an empty token, which matches none."""
     if header is None or not header.strip():
         return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("Authorization must be 'Bearer <token>'", token_sent=True)
-    return token.strip()
+    value = header.strip()
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else value
 
 
 class Authenticator:
@@ -39,11 +38,11 @@ class Authenticator:
             return
         if self.mode not in ENABLED_MODES or not self.tokens:
             raise ServerMisconfigured("Gateway auth enabled but no tokens configured")
-        presented = [t for t in (_bearer(authorization), (api_key or "").strip() or None) if t]
+        presented = [t for t in (_bearer(authorization), (api_key or "").strip() or None) if t is not None]
         if not presented:
             raise Unauthorized("Missing Authorization header")
-        # every credential sent must be valid: a wrong one is never rescued by a right one beside it
-        if not all(self._known(token) for token in presented):
+        # Decision 2: either valid token admits (sie-contract 8.11's reading); credentials that match none are a 401
+        if not any(self._known(token) for token in presented):
             raise Unauthorized("Invalid token", token_sent=True)
 
     def _known(self, token: str) -> bool:

@@ -27,6 +27,7 @@ class Endpoint:
     healthy: bool = False
     models: dict[str, ModelProfile] = field(default_factory=dict)  # canonical id -> profile
     not_ready: set[str] = field(default_factory=set)  # Triton names still loading / unavailable
+    loading: set[str] = field(default_factory=set)  # of those, the ones Triton is loading now
     # Triton name -> profile of a model whose process died: out of service until the supervisor restores it
     withdrawn: dict[str, ModelProfile] = field(default_factory=dict)
     outstanding: int = 0
@@ -51,6 +52,9 @@ class ModelRegistry:
         self._retired: list[Endpoint] = []  # dropped from DNS; closed once their last request is done
         self.refreshed_once = False
         self.refreshed_at = 0.0
+        # Triton name -> the profile it was last served with, on any endpoint: a model that loads again (a reload, a
+        # restarted Triton) is known by its served id while Triton lists only its name
+        self._served_as: dict[str, ModelProfile] = {}
         self._refresh_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._probe_task: asyncio.Task | None = None
@@ -86,16 +90,19 @@ class ModelRegistry:
             endpoint.healthy = False
             endpoint.models = {}
             return
-        models, not_ready = {}, set()
+        models, not_ready, loading = {}, set(), set()
         for name, state, params in listed:
             if state == "READY" and name in endpoint.withdrawn:
                 not_ready.add(name)  # Triton still says READY about a dead process (until it is reloaded)
             elif state == "READY":
                 profile = ModelProfile.from_triton_config(name, params)
                 models[profile.name] = profile
+                self._served_as[name] = profile
             else:
                 not_ready.add(name)
-        endpoint.models, endpoint.not_ready, endpoint.healthy = models, not_ready, True
+                if state == "LOADING":
+                    loading.add(name)
+        endpoint.models, endpoint.not_ready, endpoint.loading, endpoint.healthy = models, not_ready, loading, True
 
     async def _rediscover(self) -> None:
         """Re-resolve each DNS pool that is due: new addresses become endpoints, gone ones leave routing.
@@ -211,16 +218,30 @@ class ModelRegistry:
                 return profile, machine_profile
         if not any(e.healthy for e in self.endpoints):
             raise self.provisioning("no Triton endpoint is reachable; provisioning in progress, retry shortly")
-        # a loading model has no config yet, so only its Triton name is known: match it loosely,
-        # with and without the org (`org/Name-1.5B` ~ `name_1_5b`)
+        named = quoted(canonical_id(model))  # messages name the canonical id, as the answers' `model` does
+        # a loading model has no config yet: Triton lists only its name. Its served id is known when it was served
+        # before (a reload); else its Triton name is matched loosely, with and without the org
+        # (`org/Name-1.5B` ~ `name_1_5b`)
         loose = {_loose(w) for w in wanted} | {_loose(w.rpartition("/")[2]) for w in wanted}
-        for endpoint in self.endpoints:
-            if endpoint.healthy and any(p.name in wanted or p.sie_id == model for p in endpoint.withdrawn.values()):
-                raise Unavailable(f"model {quoted(requested)} is being reloaded (its process died)",
+
+        def is_wanted(triton_name: str) -> bool:
+            before = self._served_as.get(triton_name)
+            return _loose(triton_name) in loose if before is None else before.name in wanted or before.sie_id == model
+
+        healthy = [e for e in self.endpoints if e.healthy]
+        for endpoint in healthy:
+            if any(p.name in wanted or p.sie_id == model for p in endpoint.withdrawn.values()):
+                raise Unavailable(f"model {named} is being reloaded (its process died)",
                                   code="MODEL_LOADING", retry_after=5)
-            if endpoint.healthy and any(_loose(n) in loose for n in endpoint.not_ready):
-                raise Unavailable(f"model {quoted(requested)} is loading", code="MODEL_LOADING", retry_after=5)
-        raise ModelNotFound(f"Model {quoted(requested)} not found", param="model")
+            if any(is_wanted(n) for n in endpoint.not_ready):
+                raise Unavailable(f"model {named} is loading", code="MODEL_LOADING", retry_after=5)
+        # a model loading for the first time may be this one under a Triton name that says nothing of its id: until
+        # those loads end, "not found" cannot be told, so the answer is the retryable one (then 404 if still unknown)
+        unknown_loads = sorted({n for e in healthy for n in e.loading if n not in self._served_as})
+        if unknown_loads:
+            raise Unavailable(f"model {named} is not served yet; {len(unknown_loads)} model(s) are still loading",
+                              code="MODEL_LOADING", retry_after=5)
+        raise ModelNotFound(f"Model {named} not found", param="model")
 
 
 def _loose(name: str) -> str:

@@ -18,6 +18,8 @@ from gateway.errors import (
     InvalidRequest,
     MalformedWorkerResponse,
     ModelProcessDied,
+    Provisioning,
+    Unavailable,
     UpstreamTimeout,
     WorkerError,
     quoted,
@@ -156,17 +158,24 @@ class GenerationService:
         self.drain = drain or Drain()
         self.router = Router(registry)
 
-    async def resolve(self, req: GenerationRequest) -> tuple[GenerationRequest, ModelProfile, str | None]:
+    async def resolve(self, req: GenerationRequest, *, forbid_remote: bool = False
+                      ) -> tuple[GenerationRequest, ModelProfile, str | None]:
         """Resolve the model and apply its profile: the request as it will run, or a contract error."""
-        profile, machine_profile = await self.lookup(req.model)
+        profile, machine_profile = await self.lookup(req.model, forbid_remote=forbid_remote)
         return self.apply_profile(req, profile), profile, machine_profile
 
-    async def lookup(self, model: str) -> tuple[ModelProfile, str | None]:
+    async def lookup(self, model: str, *, forbid_remote: bool = False) -> tuple[ModelProfile, str | None]:
         """The model id as the client wrote it -> (profile, machine profile of a `model:profile` suffix).
 
         404 for an unknown model, 503 while none is reachable, 400 naming `profile` for a suffix that no
-        configured pool serves (sie-contract.md: unknown profile)."""
-        profile, machine_profile = await self.registry.resolve(model)
+        configured pool serves (sie-contract.md: unknown profile). With `X-SIE-Remote: forbid`, nothing reachable
+        is Decision 15's "no healthy local endpoint": 503 with Retry-After 5, not PROVISIONING's."""
+        try:
+            profile, machine_profile = await self.registry.resolve(model)
+        except Provisioning:
+            if forbid_remote:
+                raise Unavailable("no healthy local endpoint serves this model", retry_after=5) from None
+            raise
         if machine_profile not in (None, "default") and \
                 machine_profile not in {p.machine_profile for p in self.settings.pools}:
             raise InvalidRequest(f"profile {quoted(machine_profile)} is not configured on this gateway",

@@ -10,7 +10,13 @@ from gateway.body import read_json_body
 from gateway.contracts.chat import parse_chat_request
 from gateway.metrics import TTFT
 from gateway.render.chat import ChatStreamRenderer, render_chat_completion
-from gateway.resources.common import collect_or_cancel, record_answering_endpoint, routing_hints, set_sse_headers
+from gateway.resources.common import (
+    collect_or_cancel,
+    record_answering_endpoint,
+    remote_forbidden,
+    routing_hints,
+    set_sse_headers,
+)
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -24,7 +30,7 @@ class ChatCompletionsResource:
     async def on_post(self, req, resp) -> None:
         body = await read_json_body(req, self.settings.chat_body_limit, self.settings.body_read_timeout_s)
         greq = parse_chat_request(body, default_max_tokens=self.settings.default_max_tokens)
-        greq, profile, machine_profile = await self.service.resolve(greq)
+        greq, profile, machine_profile = await self.service.resolve(greq, forbid_remote=remote_forbidden(req))
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -35,10 +36,11 @@ MAX_WATCHERS = 64
 class ClusterStatusFeed:
     """The ASGI callable for every WebSocket handshake this gateway gets (`/ws/cluster-status` is the one route)."""
 
-    def __init__(self, registry: ModelRegistry, auth: Authenticator, *, interval_s: float = 1.0,
-                 max_watchers: int = MAX_WATCHERS) -> None:
+    def __init__(self, registry: ModelRegistry, auth: Authenticator, *, server_version: str = "",
+                 interval_s: float = 1.0, max_watchers: int = MAX_WATCHERS) -> None:
         self.registry = registry
         self.auth = auth
+        self.server_version = server_version
         self.interval_s = interval_s
         self.max_watchers = max_watchers
         self.watchers = 0
@@ -49,7 +51,7 @@ class ClusterStatusFeed:
         try:
             self._admit(scope)
         except GatewayError as error:
-            await _refuse(scope, send, error)
+            await self._refuse(scope, send, error)
             return
         self.watchers += 1
         try:
@@ -68,6 +70,20 @@ class ClusterStatusFeed:
         if self.watchers >= self.max_watchers:
             raise Unavailable(f"this gateway worker already feeds {self.max_watchers} status watchers",
                               code="RESOURCE_EXHAUSTED", retry_after=5)
+
+    async def _refuse(self, scope, send, error: GatewayError) -> None:
+        """The handshake's answer is the error as an HTTP response in the contract's envelope, with the headers every
+        HTTP answer carries, where the server can; a close code (3000 + status) where it cannot."""
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 3000 + error.status})
+            return
+        body = orjson.dumps(error.body())
+        headers = {"content-type": "application/json", "content-length": str(len(body)),
+                   "x-sie-request-id": uuid.uuid4().hex, "x-sie-server-version": self.server_version,
+                   "x-sie-version": self.server_version, **error.headers()}
+        await send({"type": "websocket.http.response.start", "status": error.status,
+                    "headers": [(name.lower().encode(), value.encode()) for name, value in headers.items()]})
+        await send({"type": "websocket.http.response.body", "body": body})
 
     async def _feed(self, receive, send) -> None:
         gone = asyncio.ensure_future(_until_disconnect(receive))
@@ -91,13 +107,3 @@ async def _until_disconnect(receive) -> None:
         pass
 
 
-async def _refuse(scope, send, error: GatewayError) -> None:
-    """The handshake's answer is the error as an HTTP response in the contract's envelope, where the server can."""
-    if "websocket.http.response" not in scope.get("extensions", {}):
-        await send({"type": "websocket.close", "code": 3000 + error.status})
-        return
-    body = orjson.dumps(error.body())
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(name.lower().encode(), value.encode()) for name, value in error.headers().items()]
-    await send({"type": "websocket.http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "websocket.http.response.body", "body": body})

@@ -18,14 +18,19 @@ def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None
     parse_engine_pin(req.get_header("X-SIE-Engine"))
     pool = parse_pool(req.get_header("X-SIE-Pool"))
     header_pool, machine_profile = parse_machine_profile(req.get_header("X-SIE-MACHINE-PROFILE"))
-    remote_values = [v for k, v in req.scope.get("headers", []) if k.lower() == b"x-sie-remote"]
     hints = RoutingHints(
         pool=pool or header_pool,
         machine_profile=machine_profile or (model_profile if model_profile not in (None, "default") else None),
-        forbid_remote=parse_remote([v.decode("latin-1") for v in remote_values] or None),
+        forbid_remote=remote_forbidden(req),
     )
     req.context.machine_profile = hints.machine_profile or "default"  # the request metrics' label
     return hints if greq is None else with_affinity(hints, greq)
+
+
+def remote_forbidden(req) -> bool:
+    """`X-SIE-Remote: forbid` (every header line read: a repeated one is a 400)."""
+    values = [v.decode("latin-1") for k, v in req.scope.get("headers", []) if k.lower() == b"x-sie-remote"]
+    return parse_remote(values or None)
 
 
 def with_affinity(hints: RoutingHints, greq: GenerationRequest) -> RoutingHints:

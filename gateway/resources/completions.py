@@ -11,7 +11,13 @@ from gateway.contracts.completions import parse_completion_request
 from gateway.fanout import open_prompts
 from gateway.metrics import TTFT
 from gateway.render.completions import CompletionShape, CompletionStreamRenderer, render_completion
-from gateway.resources.common import collect_or_cancel, record_answering_endpoint, routing_hints, set_sse_headers
+from gateway.resources.common import (
+    collect_or_cancel,
+    record_answering_endpoint,
+    remote_forbidden,
+    routing_hints,
+    set_sse_headers,
+)
 from gateway.service import GenerationService
 from gateway.settings import Settings
 from gateway.streaming import sse_stream
@@ -25,7 +31,7 @@ class CompletionsResource:
     async def on_post(self, req, resp) -> None:
         body = await read_json_body(req, self.settings.chat_body_limit, self.settings.body_read_timeout_s)
         job = parse_completion_request(body)
-        greq, profile, machine_profile = await self.service.resolve(job.request)
+        greq, profile, machine_profile = await self.service.resolve(job.request, forbid_remote=remote_forbidden(req))
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id

@@ -16,6 +16,7 @@ from gateway.render.generate import GenerateStreamRenderer, render_generate_resp
 from gateway.resources.common import (
     collect_or_cancel,
     record_answering_endpoint,
+    remote_forbidden,
     routing_hints,
     set_sse_headers,
     with_affinity,
@@ -55,7 +56,7 @@ class GenerateResource:
     async def on_post(self, req, resp, **_: str) -> None:
         # the contract's order: the path model (400 / 404) and the routing headers before the body
         model = model_from_path(req)
-        profile, machine_profile = await self.service.lookup(model)
+        profile, machine_profile = await self.service.lookup(model, forbid_remote=remote_forbidden(req))
         req.context.model = profile.name
         hints = routing_hints(req, None, machine_profile)
         self.service.router.check_pool(hints)

@@ -27,18 +27,17 @@ class GatewayHealthResource:
     """GET /health in the contract's shape (sie-contract 7): `{status: healthy|degraded, type: gateway,
     configured_gpu_types, live_gpu_types, cluster, workers, models}`.
 
-    200 while a model can be served, else 503 with Retry-After and the same body: vLLM-style clients (GuideLLM's
-    backend check) read only the status code. It reads the registry's last refresh (at most a second old), never
-    Triton per call."""
+    Always 200, as SIE's gateway answers: `degraded` is in the body. The real sie-sdk reads this body to wait for
+    capacity (`get_capacity`, `wait_for_capacity`) and to tell a gateway from a worker (`watch`), and it raises on any
+    error status, so a 503 here broke all three exactly when nothing was served yet. Readiness is `/readyz` (503
+    until a model can be served). It reads the registry's last refresh (at most a second old), never Triton per
+    call."""
 
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
     async def on_get(self, req, resp) -> None:
         await self.registry.refresh_if_stale(max_age_s=READY_MAX_AGE_S)
-        if not self.registry.ready():
-            resp.status = 503
-            resp.set_header("Retry-After", format_retry_after(self.registry.settings.provisioning_retry_after_s))
         resp.content_type = "application/json"
         resp.data = orjson.dumps(gateway_health(self.registry))
 

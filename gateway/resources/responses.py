@@ -15,7 +15,13 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.metrics import TTFT
 from gateway.render.responses import ResponseShape, output_messages, render_response
 from gateway.render.responses_stream import ResponsesStreamRenderer
-from gateway.resources.common import collect_or_cancel, record_answering_endpoint, routing_hints, set_sse_headers
+from gateway.resources.common import (
+    collect_or_cancel,
+    record_answering_endpoint,
+    remote_forbidden,
+    routing_hints,
+    set_sse_headers,
+)
 from gateway.responses_store import ResponseStore
 from gateway.service import GenerationService
 from gateway.settings import Settings
@@ -41,7 +47,8 @@ class ResponsesResource:
         # OpenAI's default is to store: with a store configured, only an explicit `store: false` opts out
         store = self.store if request.store is not False else None
         history = await self._history(job)
-        greq, profile, machine_profile = await self.service.resolve(job.generation_request(history))
+        greq, profile, machine_profile = await self.service.resolve(job.generation_request(history),
+                                                                  forbid_remote=remote_forbidden(req))
         check_reasoning_effort(request, profile)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)

@@ -26,6 +26,12 @@ async def test_auth_mode_none_needs_no_token(gw):
     {"x-api-key": "tok-two"},
     {"X-API-Key": "tok-one"},
     {"Authorization": "Bearer tok-one", "x-api-key": "tok-two"},  # both sent, both valid
+    {"Authorization": "tok-one"},  # a raw token value (sie-contract 1.3)
+    {"Authorization": "  tok-two "},
+    # Decision 2: either valid token admits
+    {"Authorization": "Bearer wrong", "x-api-key": "tok-one"},
+    {"Authorization": "Bearer tok-one", "x-api-key": "wrong"},
+    {"Authorization": "Basic dG9rLW9uZQ==", "x-api-key": "tok-one"},
 ])
 async def test_valid_token_admits(secured, headers):
     assert (await secured.chat(headers=headers)).status_code == 200
@@ -36,25 +42,18 @@ async def test_valid_token_admits(secured, headers):
     {"Authorization": "Bearer wrong"},
     {"Authorization": "Bearer tok-one-and-more"},
     {"x-api-key": "tok"},
-    # a wrong credential is never rescued by a right one beside it
-    {"Authorization": "Bearer wrong", "x-api-key": "tok-one"},
-    {"Authorization": "Bearer tok-one", "x-api-key": "wrong"},
+    {"Authorization": "Bearer wrong", "x-api-key": "wrong-too"},
+    # other schemes and a scheme alone are raw values that match no token
+    {"Authorization": "Basic dG9rLW9uZQ=="},
+    {"Authorization": "Token tok-one"},
+    {"Authorization": "Bearer"},
+    {"Authorization": "Bearer "},
 ])
 async def test_wrong_token_is_401(secured, headers):
     for resp in (await secured.chat(headers=headers), await secured.generate(headers=headers)):
         err = assert_error(resp, 401, "UNAUTHORIZED", None, "authentication_error")
         assert err["message"] == "Invalid token"
         assert resp.headers["www-authenticate"] == 'Bearer realm="sie", error="invalid_token"'
-    assert not secured.calls
-
-
-@pytest.mark.parametrize("value", ["tok-one", "Basic dG9rLW9uZQ==", "Token tok-one", "Bearer", "Bearer "])
-async def test_authorization_without_the_bearer_scheme_is_401(secured, value):
-    """A bare token (no scheme) or another scheme is a credential sent wrong, even when the token is right."""
-    for headers in ({"Authorization": value}, {"Authorization": value, "x-api-key": "tok-one"}):
-        err = assert_error(await secured.chat(headers=headers), 401, "UNAUTHORIZED", None, "authentication_error")
-        assert err["message"] == "Authorization must be 'Bearer <token>'"
-        assert "Bearer" in (await secured.generate(headers=headers)).headers["www-authenticate"]
     assert not secured.calls
 
 

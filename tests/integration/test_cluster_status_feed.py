@@ -109,7 +109,7 @@ async def test_the_feed_follows_the_cluster(make_gateway):
 
 async def test_without_a_token_the_handshake_is_a_401_in_the_envelope(make_gateway):
     gw = await make_gateway(auth_mode="token", auth_tokens=("secret",))
-    feed = ClusterStatusFeed(gw.registry, Authenticator(gw.settings))
+    feed = ClusterStatusFeed(gw.registry, Authenticator(gw.settings), server_version=gw.settings.server_version)
     for headers, message in (({}, "Missing Authorization header"),
                              ({"Authorization": "Bearer wrong"}, "Invalid token")):
         client = Client()
@@ -121,6 +121,9 @@ async def test_without_a_token_the_handshake_is_a_401_in_the_envelope(make_gatew
         assert response_headers["x-sie-error-code"] == "UNAUTHORIZED"
         assert response_headers["www-authenticate"].startswith("Bearer")
         assert response_headers["content-type"] == "application/json"
+        # the headers every HTTP answer of this gateway carries (sie-contract 1.5)
+        assert len(response_headers["x-sie-request-id"]) == 32
+        assert response_headers["x-sie-server-version"] == gw.settings.server_version
 
 
 async def test_a_valid_token_or_the_operational_exemption_admits(make_gateway):

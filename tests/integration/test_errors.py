@@ -62,7 +62,7 @@ async def test_chat_accepts_canonical_safe_and_profile_suffix(gw):
 async def test_unknown_model_is_404(gw):
     resp = await gw.generate(model="acme__Nope")
     err = assert_error(resp, 404, "model_not_found", "model", "model_not_found")
-    assert err["message"] == "Model 'acme__Nope' not found"
+    assert err["message"] == "Model 'acme/Nope' not found"  # the canonical id, whatever form was sent
     resp = await gw.chat(model="acme/Nope")
     assert_error(resp, 404, "model_not_found", "model", "model_not_found")
     assert not gw.calls
@@ -100,6 +100,36 @@ async def test_loading_model_is_503_model_loading(make_gateway):
     gw.fake().models = [("tiny_1_5b_instruct", "READY", dict(BASE_PARAMS))]
     await gw.registry.refresh()
     assert (await gw.chat()).status_code == 200
+
+
+async def test_a_model_whose_triton_name_says_nothing_is_503_while_it_loads(make_gateway):
+    """`tiny_vlm` serves `sie-test/tiny-llava`: no loose match. While a model Triton has never served loads, an
+    unknown id is answered retryable (the SDK retries MODEL_LOADING); once every load has ended it is 404."""
+    def setup(fakes):
+        fakes["a"].models = [("served_model", "READY", dict(BASE_PARAMS)), ("tiny_vlm", "LOADING", {})]
+
+    gw = await make_gateway(setup=setup)
+    resp = await gw.generate(model="sie-test__tiny-llava")
+    err = assert_error(resp, 503, "MODEL_LOADING", None, "server_error")
+    assert resp.headers["retry-after"] == "5" and "sie-test/tiny-llava" in err["message"]
+    assert (await gw.generate()).status_code == 200  # what is served meanwhile is served
+    gw.fake().models = [("served_model", "READY", dict(BASE_PARAMS)),
+                        ("tiny_vlm", "READY", {"served_name": "sie-test/tiny-llava"})]
+    await gw.registry.refresh()
+    assert (await gw.generate(model="sie-test__nope")).status_code == 404  # nothing loading: unknown is unknown
+
+
+async def test_a_model_reloading_is_known_by_the_id_it_was_served_with(make_gateway):
+    def setup(fakes):
+        fakes["a"].models = [("served_model", "READY", dict(BASE_PARAMS)),
+                             ("tiny_vlm", "READY", {"served_name": "sie-test/tiny-llava"})]
+
+    gw = await make_gateway(setup=setup)
+    gw.fake().models = [("served_model", "READY", dict(BASE_PARAMS)), ("tiny_vlm", "UNAVAILABLE", {})]
+    await gw.registry.refresh()
+    resp = await gw.generate(model="sie-test__tiny-llava")  # unloaded, not loading: still its id, still retryable
+    assert_error(resp, 503, "MODEL_LOADING", None, "server_error")
+    assert (await gw.generate(model="sie-test__nope")).status_code == 404  # no load under way: 404 at once
 
 
 async def test_triton_down_is_503_provisioning(make_gateway):

@@ -1,5 +1,5 @@
 """GET /health in the contract's shape (sie-contract 7): status, gpu types, cluster, workers and models, from the
-registry's view of the Triton endpoints; 200 while a model can be served (all a vLLM-style client reads), else 503."""
+registry's view of the Triton endpoints; always 200, `degraded` in the body (as SIE's gateway answers)."""
 
 from __future__ import annotations
 
@@ -81,11 +81,14 @@ async def test_a_model_withdrawn_on_one_worker_is_named_with_where_it_still_runs
     assert body["workers"] == [worker("a", models=[], unavailable=[MODEL]), worker("b")]
 
 
-async def test_nothing_served_is_503_with_the_same_body(make_gateway):
+async def test_nothing_served_is_still_200_and_degraded_in_the_body(make_gateway):
+    """SIE's gateway answers 200 with `degraded`: the sie-sdk's get_capacity / wait_for_capacity / watch read this
+    body while nothing is served, and raise on an error status. Readiness (/readyz) is what turns 503."""
     gw = await make_gateway(refresh=False, model_refresh_s=0.0,
                             setup=lambda fakes: setattr(fakes["a"], "down", True))
     resp = await gw.client.get("/health")
-    assert resp.status_code == 503 and resp.headers["retry-after"]
+    assert resp.status_code == 200 and "retry-after" not in resp.headers
+    assert (await gw.client.get("/readyz")).status_code == 503
     body = resp.json()
     assert body["status"] == "degraded" and body["type"] == "gateway"
     assert body["configured_gpu_types"] == ["default"] and body["live_gpu_types"] == []

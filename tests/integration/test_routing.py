@@ -106,6 +106,22 @@ async def test_remote_forbid_with_unhealthy_local_is_503_retry_after_5(make_gate
     assert (await gw.chat()).status_code == 200
 
 
+async def test_remote_forbid_with_nothing_reachable_is_still_retry_after_5(make_gateway):
+    """Decision 15: no healthy local endpoint is 503 with Retry-After 5, also when no endpoint at all answers (without
+    the header that is PROVISIONING, with its own Retry-After)."""
+    gw = await make_gateway(setup=lambda fakes: setattr(fakes["a"], "down", True))
+    forbid = {"X-SIE-Remote": "forbid"}
+    for resp in (await gw.chat(headers=forbid), await gw.generate(headers=forbid),
+                 await gw.client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                                      headers=forbid),
+                 await gw.client.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=forbid)):
+        assert_error(resp, 503, "transport_failure", None)
+        assert resp.headers["retry-after"] == "5"
+    provisioning = await gw.chat()
+    assert_error(provisioning, 503, "PROVISIONING", None)
+    assert provisioning.headers["retry-after"] != "5"
+
+
 @pytest.mark.parametrize("headers", [
     [("X-SIE-Remote", "allow")],
     [("X-SIE-Remote", "Forbid")],
