@@ -66,6 +66,15 @@ class GenerationRequest:
     # Request path of each image's data, in order: the engine names an image it cannot decode `images[i]`
     # (service.attribute maps that to the client's field).
     image_data_params: tuple[str, ...] = ()
+    # the client's field for the conversation, where it is not `messages` (`input` on /v1/responses): the engine
+    # names `messages` for a prompt it cannot take (context_exceeded), and service.attribute maps it
+    messages_param: str = "messages"
+
+    @property
+    def forces_tool_call(self) -> bool:
+        """`tool_choice` "required" or a named function: the engine's grammar makes every output tool-call syntax,
+        so text that did not become a call (cut off before its first call closed) is never an answer."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, dict))
 
     def sampling_parameters(self) -> dict[str, Any]:
         """The JSON `sampling_parameters` tensor for the Triton model (see docs/triton-contract.md)."""

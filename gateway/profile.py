@@ -28,6 +28,9 @@ class ModelProfile:
     reasoning: bool = False
     streaming: bool = True
     context_length: int | None = None  # KV positions per sequence (prompt + output), when the profile says
+    # the profile's `default_sampling` temperature and top_p: what the engine samples with when a request sets none
+    default_temperature: float | None = None
+    default_top_p: float | None = None
     # SHA-256 of the model's served config (its Triton name and `parameters`): `X-SIE-Model-Revision` on buffered
     # native answers, so a client can tell which configuration answered it (sie-contract 1.5)
     revision: str = field(default="", compare=False)
@@ -45,6 +48,7 @@ class ModelProfile:
             return frozenset(p.strip() for p in raw.split(",") if p.strip())
 
         lora = json.loads(parameters.get("lora_paths") or "{}")
+        sampling = _json_object(parameters.get("default_sampling"))
         return cls(
             name=parameters.get("served_name") or triton_model,
             triton_model=triton_model,
@@ -55,5 +59,19 @@ class ModelProfile:
             reasoning=parameters.get("reasoning", "false").lower() == "true",
             streaming=parameters.get("streaming", "true").lower() == "true",
             context_length=int(parameters["context_length"]) if parameters.get("context_length") else None,
+            default_temperature=_number(sampling.get("temperature")),
+            default_top_p=_number(sampling.get("top_p")),
             revision=hashlib.sha256(json.dumps([triton_model, parameters], sort_keys=True).encode()).hexdigest(),
         )
+
+
+def _json_object(raw: str | None) -> dict:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:  # the engine refuses such a profile at load; here it only loses its echoed defaults
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

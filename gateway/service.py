@@ -281,13 +281,16 @@ def attempt_id(request_id: str, endpoint: Endpoint) -> str:
 
 
 def attribute(exc: WorkerError, req: GenerationRequest, attempt: str) -> None:
-    """A worker error names its attempt (sie-contract 1.1, 2.4), and an error about the grammar names the client's
-    field it came from (`response_format`, `text.format`; the engine only knows it as `grammar`)."""
+    """A worker error names its attempt (sie-contract 1.1, 2.4), and an error about the grammar, an image or the
+    conversation names the client's field it came from (`response_format` / `text.format`, `images[i].data`,
+    `input`: the engine only knows them as `grammar`, `images[i]`, `messages`)."""
     exc.extra.setdefault("attempt_id", attempt)
     if exc.param == "grammar" and req.grammar is not None:
         exc.param = req.grammar.param
     elif (image := _IMAGE_PARAM.fullmatch(exc.param or "")) and int(image[1]) < len(req.image_data_params):
         exc.param = req.image_data_params[int(image[1])]
+    elif exc.param == "messages":
+        exc.param = req.messages_param
 
 
 def _we_are_cancelled() -> bool:

@@ -29,6 +29,9 @@ class OutputPostprocessor:
             return {}
         if params.parallel_tool_calls is False:
             calls = calls[:1]
-        # a length-truncated candidate that produced a call reports `tool_calls` too (sie-contract 3.3;
-        # the chat seed's `_close_choice`): the client is to run the calls, not read the JSON as content
+        if seq.finish_reason == "length":
+            # cut off by the token limit after complete calls: they are kept (not read as JSON content) and the
+            # finish stays `length`, for each surface to say: chat reports `tool_calls` (sie-contract 3.3, the
+            # chat seed's `_close_choice`), a Response is `incomplete` (OpenAI's max_output_tokens)
+            return {"tool_calls": calls}
         return {"tool_calls": calls, "finish_reason": "tool_calls"}

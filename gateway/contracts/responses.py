@@ -216,10 +216,14 @@ class ResponsesRequest(ContractModel):
             raise violation(f"names function '{choice['name']}' which is not in 'tools'", "tool_choice")
         if choice == "required" and not self.tools:
             raise violation("requires 'tools'", "tool_choice")
-        forcing = choice == "required" or isinstance(choice, dict)
         fmt = self.text.format if self.text else None
-        if forcing and fmt is not None and fmt.type != "text":
+        if self.forces_tool_call and fmt is not None and fmt.type != "text":
             raise violation("cannot force a tool call together with a non-text 'text.format'", "tool_choice")
+
+    @property
+    def forces_tool_call(self) -> bool:
+        """`tool_choice` "required" or a named function (GenerationRequest.forces_tool_call says what follows)."""
+        return bool(self.tools) and (self.tool_choice == "required" or isinstance(self.tool_choice, dict))
 
     @property
     def wants_logprobs(self) -> bool:
@@ -262,6 +266,7 @@ class ResponsesJob:
             max_tokens_param="max_output_tokens",
             max_tokens_defaulted=r.max_output_tokens is None,
             messages=tuple(messages),
+            messages_param="input",
             stream=bool(r.stream),
             temperature=r.temperature,
             top_p=r.top_p,

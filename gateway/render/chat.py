@@ -34,6 +34,8 @@ def render_chat_completion(
         if c["tool_calls"]:
             message["content"] = None
             message["tool_calls"] = c["tool_calls"]
+        elif req.forces_tool_call:
+            message["content"] = None  # a forced call cut off before it closed: no call, and no answer either
         if reasoning and req.include_reasoning and c.get("reasoning"):
             message["reasoning_content"] = c["reasoning"]
         choices.append({
@@ -113,7 +115,7 @@ class ChatStreamRenderer:
                 for i, call in enumerate(event.tool_calls)
             ]
             chunks.append(self._chunk(event.index, {"tool_calls": deltas}))
-        elif held:
+        elif held and not self.req.forces_tool_call:  # a forced call cut off before it closed is not content
             chunks.append(self._chunk(event.index, {"content": held}))
         finish = chat_finish_reason(event.finish_reason, bool(event.tool_calls))
         chunks.append(self._chunk(event.index, {}, finish))

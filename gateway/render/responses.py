@@ -38,8 +38,12 @@ class ResponseShape:
     """The parts of a Response that do not come from the model: ids, timestamps, echoed parameters."""
 
     def __init__(self, request: ResponsesRequest, request_id: str, created_at: int, model: str,
-                 previous_response_id: str | None, stored: bool) -> None:
+                 previous_response_id: str | None, stored: bool, sampling_defaults: tuple[float | None, ...] = ()
+                 ) -> None:
+        """`sampling_defaults`: the profile's (temperature, top_p), what the engine uses when the request sets none:
+        a Response echoes the values it was sampled with."""
         self.request = request
+        self.default_temperature, self.default_top_p = (*sampling_defaults, None, None)[:2]
         self.request_id = request_id
         self.id = f"resp_{request_id}"
         self.created_at = created_at
@@ -68,12 +72,12 @@ class ResponseShape:
             "reasoning": reasoning,
             "safety_identifier": r.safety_identifier,
             "store": self.stored,
-            "temperature": r.temperature if r.temperature is not None else 1.0,
+            "temperature": _first_set(r.temperature, self.default_temperature, 1.0),
             "text": {"format": fmt},
             "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
             "tools": [t.echo() for t in r.tools or ()],
             "top_logprobs": r.top_logprobs if r.top_logprobs is not None else 0,
-            "top_p": r.top_p if r.top_p is not None else 1.0,
+            "top_p": _first_set(r.top_p, self.default_top_p, 1.0),
             "truncation": r.truncation or "disabled",
             "user": r.user,
             "background": False,
@@ -113,6 +117,10 @@ class ResponseShape:
                 "content": [{"type": "reasoning_text", "text": text}]}
 
 
+def _first_set(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
 FAILED_FINISH = ("cancelled", "error")  # a choice that closed without an answer
 
 
@@ -138,7 +146,7 @@ def render_response(shape: ResponseShape, result: GenerationResult) -> dict[str,
         output.append(shape.reasoning_item(shape.item_id("rs"), choice["reasoning"], item_status))
     if choice["tool_calls"]:
         output.extend(shape.call_item(shape.item_id("fc"), call, item_status) for call in choice["tool_calls"])
-    else:
+    elif not shape.request.forces_tool_call:  # a forced call cut off before it closed: no call and no message
         output.append(shape.message_item(shape.item_id("msg"), choice["text"], choice["logprobs"], item_status))
     usage = responses_usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
     return shape.response(status, output, usage, incomplete)

@@ -171,6 +171,8 @@ class ResponsesStreamRenderer:
         if event.tool_calls and self.message is None:
             for call in event.tool_calls:
                 events += self._stream_call(call, item_status)
+        elif self.shape.request.forces_tool_call and self.message is None:
+            pass  # a forced call cut off before it closed: no call, and its syntax is no message either
         else:
             if held or self.message is None:
                 events += self._text_delta(held)

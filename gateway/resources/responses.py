@@ -54,7 +54,8 @@ class ResponsesResource:
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id
         shape = ResponseShape(request, request_id, int(time.time()), profile.name, request.previous_response_id,
-                              stored=store is not None)
+                              stored=store is not None,
+                              sampling_defaults=(profile.default_temperature, profile.default_top_p))
         session = await self.service.open(greq, profile, hints, request_id)
         record_answering_endpoint(req, session)
         TTFT.labels(endpoint="responses", model=profile.name).observe(session.ttft_s)

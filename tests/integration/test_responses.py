@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gateway.errors import WorkerError, worker_error
-from tests.integration.conftest import HANG, MODEL, assert_error, ev, raw_call, tokens
+from tests.integration.conftest import BASE_PARAMS, HANG, MODEL, TRITON_MODEL, assert_error, ev, raw_call, tokens
 from tests.responses_grammar import check_grammar, parse_named_sse
 
 CALL = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -269,3 +269,32 @@ async def test_a_choice_closed_with_error_is_failed_not_completed(gw):
     assert events[-1]["type"] == "response.failed" and final["error"]["code"] == "inference_error"
     gw.fake().script = [ev("", finish="error", prompt=2, completion=1)]
     assert_error(await post(gw), 500, "inference_error")
+
+
+async def test_a_prompt_too_long_names_input_not_messages(gw):
+    """The engine knows the conversation as `messages`; a Response's client sent it as `input` (Decision 7)."""
+    for stream in (False, True):
+        gw.fake().script = [worker_error("context_exceeded", "prompt has 3031 tokens; this model accepts at most 2047",
+                                         param="messages")]
+        resp = await post(gw, stream=stream)
+        assert_error(resp, 400, "context_exceeded", "input", "context_length_exceeded")
+    gw.fake().script = [worker_error("context_exceeded", "too long", param="messages")]
+    assert_error(await gw.chat(), 400, "context_exceeded", "messages", "context_length_exceeded")
+
+
+async def test_a_response_echoes_the_sampling_it_ran_with(make_gateway):
+    """A request that sets no temperature / top_p runs with the profile's default_sampling: that is what is echoed
+    (OpenAI echoes the values used), not 1.0."""
+    def setup(fakes):
+        fakes["a"].models = [(TRITON_MODEL, "READY",
+                              {**BASE_PARAMS, "default_sampling": '{"temperature": 0.2, "top_p": 0.9}'})]
+
+    gw = await make_gateway(setup=setup)
+    body = (await post(gw)).json()
+    assert (body["temperature"], body["top_p"]) == (0.2, 0.9)
+    assert gw.calls[0].req.temperature is None  # the engine applies its default; the gateway only echoes it
+    body = (await post(gw, temperature=0.7, top_p=0.5)).json()
+    assert (body["temperature"], body["top_p"]) == (0.7, 0.5)
+    plain = await make_gateway()  # a profile without defaults: OpenAI's 1.0
+    body = (await post(plain)).json()
+    assert (body["temperature"], body["top_p"]) == (1.0, 1.0)

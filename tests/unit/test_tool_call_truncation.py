@@ -68,15 +68,18 @@ def _seq(text: str, finish_reason: str, parallel: bool | None = None) -> Any:
     return SimpleNamespace(params=params, grammar=None, full_text=text, finish_reason=finish_reason)
 
 
-def test_the_closing_fields_of_a_length_cut_candidate_report_its_calls():
+def test_the_closing_fields_of_a_length_cut_candidate_report_its_calls_and_keep_length():
+    """The finish stays `length` (each surface says it its way); a call that closed normally is `tool_calls`."""
     fields = OutputPostprocessor(None).for_sequence(_seq(CUT, "length"))
-    assert fields["finish_reason"] == "tool_calls"
+    assert "finish_reason" not in fields  # the candidate's own `length` stands
     assert _names_args(fields["tool_calls"]) == [("get_weather", {"city": "Paris"})]
     assert OutputPostprocessor(None).for_sequence(_seq("Paris is sunny and", "length")) == {}
+    whole = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    assert OutputPostprocessor(None).for_sequence(_seq(whole, "stop"))["finish_reason"] == "tool_calls"
 
 
 def _closing() -> dict[str, Any]:
-    return OutputPostprocessor(None).for_sequence(_seq(CUT, "length"))
+    return {"finish_reason": "length", **OutputPostprocessor(None).for_sequence(_seq(CUT, "length"))}
 
 
 def _request(stream: bool) -> GenerationRequest:
@@ -125,3 +128,59 @@ def test_blocking_and_streamed_responses_carry_the_salvaged_call():
         assert renderer.final_response is not None
         assert [(o["type"], o["name"], o["arguments"]) for o in renderer.final_response["output"]] == calls
         assert renderer.final_response["status"] == blocking["status"]
+    # cut off by max_output_tokens: OpenAI's `incomplete`, though the complete call is kept
+    assert (blocking["status"], blocking["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    assert [o["status"] for o in blocking["output"]] == ["incomplete"]
+
+
+# -- a forced call cut off before any call closed: no call, and its syntax is no answer ---------------------------
+
+BEFORE_ANY = '[{"name": "get'  # tool_choice "required", max_tokens 6 (the audit's case)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_chat_never_returns_the_syntax_of_a_forced_call_as_content(tool_choice):
+    request = GenerationRequest(model="m", max_tokens=6, max_tokens_param="max_tokens", messages=(), stream=False,
+                                tools=TOOLS, tool_choice=tool_choice)
+    result = GenerationResult({0: {"text": BEFORE_ANY, "finish_reason": "length", "logprobs": [], "tool_calls": None,
+                                   "completion_tokens": 6, "reasoning": None}}, 9, 6, None, None)
+    choice = render_chat_completion(request, result, "rid", 1, "m", False)["choices"][0]
+    assert choice["message"]["content"] is None and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == "length"
+    streamed = GenerationRequest(**{**request.__dict__, "stream": True})
+    for split in range(len(BEFORE_ANY) + 1):
+        renderer = ChatStreamRenderer(streamed, "rid", 1, "m", reasoning=False)
+        chunks = renderer.on_event(GenerationEvent(index=0, text=BEFORE_ANY[:split], prompt_tokens=9))
+        chunks += renderer.on_event(GenerationEvent(index=0, text=BEFORE_ANY[split:], prompt_tokens=9,
+                                                    completion_tokens=6, finish_reason="length"))
+        choices = [c["choices"][0] for c in chunks]
+        assert not [ch for ch in choices if ch["delta"].get("content") or ch["delta"].get("tool_calls")]
+        assert [ch["finish_reason"] for ch in choices if ch["finish_reason"]] == ["length"]
+
+
+def test_an_unforced_cut_call_stays_content():
+    """With tool_choice auto the model chose to write it: what it wrote is still returned (marked by `length`)."""
+    request = GenerationRequest(model="m", max_tokens=6, max_tokens_param="max_tokens", messages=(), stream=False,
+                                tools=TOOLS, tool_choice="auto")
+    result = GenerationResult({0: {"text": BEFORE_ANY, "finish_reason": "length", "logprobs": [], "tool_calls": None,
+                                   "completion_tokens": 6, "reasoning": None}}, 9, 6, None, None)
+    assert render_chat_completion(request, result, "rid", 1, "m", False)["choices"][0]["message"]["content"] == \
+        BEFORE_ANY
+
+
+def test_a_response_never_carries_the_syntax_of_a_forced_call_as_a_message():
+    request = ResponsesRequest.model_validate({
+        "model": "m", "input": "Weather in Paris?", "max_output_tokens": 6, "tool_choice": "required",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}]})
+    result = GenerationResult({0: {"text": BEFORE_ANY, "finish_reason": "length", "logprobs": [], "tool_calls": None,
+                                   "completion_tokens": 6, "reasoning": None}}, 9, 6, None, None)
+    blocking = render_response(ResponseShape(request, "rid", 1, "m", None, False), result)
+    assert (blocking["status"], blocking["output"]) == ("incomplete", [])
+    for split in range(len(BEFORE_ANY) + 1):
+        renderer = ResponsesStreamRenderer(ResponseShape(request, "rid", 1, "m", None, False), True, False)
+        events = renderer.on_event(GenerationEvent(index=0, text=BEFORE_ANY[:split], prompt_tokens=9))
+        events += renderer.on_event(GenerationEvent(index=0, text=BEFORE_ANY[split:], prompt_tokens=9,
+                                                    completion_tokens=6, finish_reason="length"))
+        assert not [e for e in events if e["type"].startswith("response.output_")]
+        assert events[-1]["type"] == "response.incomplete" and renderer.final_response is not None
+        assert renderer.final_response["output"] == []
