@@ -172,8 +172,16 @@ class LLMEngine:
         messages: list[dict[str, Any]] | None = None,
         params: SamplingParams | None = None,
         images: list[bytes] | None = None,
+        token_ids: list[int] | None = None,
     ) -> tuple[list[int], torch.Tensor | None]:
-        """Prompt ids, plus the prompt's input embeddings when images are present (see engine.inputs.vision)."""
+        """Prompt ids, plus the prompt's input embeddings when images are present (see engine.inputs.vision).
+
+        `token_ids`: a prompt already tokenized, taken as it is (no chat template, no special tokens added)."""
+        if token_ids is not None:
+            if not token_ids:
+                raise EngineError("invalid_request", "the prompt's token ids are empty", "prompt")
+            tokenizer_task.check_in_vocabulary(self.tokenizer, token_ids, "prompt")
+            return token_ids, None
         if not images:
             return self.encode_prompt(prompt, messages, params), None
         if self.vision is None:

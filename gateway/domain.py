@@ -21,6 +21,16 @@ class ImageInput:
     format: str  # e.g. "png", "jpeg"
 
 
+Prompt = str | tuple[int, ...]  # a completions prompt: text, or token ids taken as they are (OpenAI's, vLLM's forms)
+
+
+def prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    """The GenerationRequest fields that carry one prompt: its text, or its token ids."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "prompt_token_ids": None}
+    return {"prompt": None, "prompt_token_ids": prompt}
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """A validated generation request, independent of the HTTP contract it came from."""
@@ -30,6 +40,7 @@ class GenerationRequest:
     max_tokens_param: str  # the field that set max_tokens (for context_exceeded errors)
     max_tokens_defaulted: bool = False  # no field set it: the gateway default, clamped to the model cap
     prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None  # a prompt already tokenized (completions), instead of `prompt`
     messages: tuple[dict[str, Any], ...] | None = None
     stream: bool = False
     include_usage: bool = False

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
+from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult, Prompt, prompt_fields
 from gateway.profile import ModelProfile
 from gateway.router import RoutingHints
 from gateway.service import GenerationService, GenerationSession
@@ -93,15 +93,15 @@ async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
 
 
 async def open_prompts(
-    service: GenerationService, req: GenerationRequest, prompts: Sequence[str], profile: ModelProfile,
+    service: GenerationService, req: GenerationRequest, prompts: Sequence[Prompt], profile: ModelProfile,
     hints: RoutingHints, request_id: str,
 ) -> GenerationSession | FanOutSession:
     """Open `req` once per prompt (a single prompt is a plain session, no fan-out cost on the hot path)."""
     if len(prompts) == 1:
-        return await service.open(dataclasses.replace(req, prompt=prompts[0]), profile, hints, request_id)
+        return await service.open(dataclasses.replace(req, **prompt_fields(prompts[0])), profile, hints, request_id)
     tasks = [
         asyncio.ensure_future(
-            service.open(dataclasses.replace(req, prompt=prompt), profile, hints, f"{request_id}.{p}")
+            service.open(dataclasses.replace(req, **prompt_fields(prompt)), profile, hints, f"{request_id}.{p}")
         )
         for p, prompt in enumerate(prompts)
     ]

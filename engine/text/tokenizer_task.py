@@ -49,8 +49,13 @@ def tokenize(tokenizer: Any, options: Any, prompt: str | None, messages: list[di
 
 def detokenize(tokenizer: Any, ids: list[int], max_len: int) -> tuple[str, dict[str, Any]]:
     """(text, extras) for a detokenize request; an id outside the vocabulary names its position."""
+    check_in_vocabulary(tokenizer, ids, "tokens")
+    return tokenizer.decode(ids), {"token_ids": ids, "max_model_len": max_len}
+
+
+def check_in_vocabulary(tokenizer: Any, ids: list[int], param: str) -> None:
+    """Every id is a token of this model; the first that is not is named by its position (`param[i]`)."""
     vocab = len(tokenizer)
     for i, token in enumerate(ids):
         if not 0 <= token < vocab:
-            raise invalid(f"token id {token} is outside the vocabulary (0..{vocab - 1})", f"tokens[{i}]")
-    return tokenizer.decode(ids), {"token_ids": ids, "max_model_len": max_len}
+            raise invalid(f"token id {token} is outside the vocabulary (0..{vocab - 1})", f"{param}[{i}]")

@@ -196,12 +196,14 @@ class TritonPythonModel:
         messages = json.loads(messages_raw) if messages_raw else None
         images = _input_bytes_list(request, "images")
         text_input = _input_str(request, "text_input")
+        ids_tensor = pb_utils.get_input_tensor_by_name(request, "prompt_token_ids")
+        token_ids = None if ids_tensor is None else [int(t) for t in ids_tensor.as_numpy().reshape(-1)]
         reply.configure(_input_flags(request), text_input if messages is None else None)
         request_id, stream = request.request_id() or "", _input_bool(request, "stream")
         is_cancelled = CancelProbe(request.is_cancelled, self.cancel_rate)  # a server round trip: rate-limited
 
         def build() -> EngineRequest:
-            prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images)
+            prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images, token_ids)
             return EngineRequest(
                 request_id=request_id,
                 prompt_ids=prompt_ids,

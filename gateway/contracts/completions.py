@@ -31,45 +31,58 @@ from gateway.contracts.common import (
     validate_body,
     violation,
 )
-from gateway.domain import GenerationRequest
+from gateway.domain import GenerationRequest, Prompt, prompt_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 MAX_LOGPROBS = 5  # the legacy API's ceiling
 MAX_CHOICES = 128  # prompts x candidates per request: each candidate holds an engine slot
 
+_TOKEN_IDS_SCHEMA = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 _PROMPT_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {"type": "string", "minLength": 1},
         {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        _TOKEN_IDS_SCHEMA,
+        {"type": "array", "minItems": 1, "items": _TOKEN_IDS_SCHEMA},
     ]
 }
 
 
-def _is_token_ids(value: Any) -> bool:
-    """`[1, 2]` or `[[1, 2], [3]]`: the token-id forms of `prompt`, which this gateway does not take."""
-    if not isinstance(value, list) or not value:
-        return False
-    if all(is_number(v) and isinstance(v, int) for v in value):
-        return True
-    return all(isinstance(v, list) and all(is_number(t) and isinstance(t, int) for t in v) for v in value)
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and is_number(value)
 
 
-def _prompts(value: Any) -> tuple[str, ...]:
-    """`prompt` as a tuple of non-empty strings (one per choice set)."""
+def _token_ids(value: list[Any], *path: int) -> tuple[int, ...]:
+    if not value:
+        raise violation("must not be empty", *path)
+    for i, token in enumerate(value):
+        if not _is_token_id(token) or not 0 <= token < 2**31:
+            raise violation("must be a token id (a non-negative integer)", *path, i)
+    return tuple(value)
+
+
+def _prompts(value: Any) -> tuple[Prompt, ...]:
+    """`prompt` as a tuple of prompts (one per choice set): a non-empty string, an array of them, token ids
+    (`[1, 2]`) or an array of token-id arrays (`[[1, 2], [3]]`). The engine checks ids against its vocabulary."""
     if isinstance(value, str):
         if not value:
             raise violation("must be a non-empty string")
         return (value,)
-    if _is_token_ids(value):
-        raise violation("as token ids is not supported; send the prompt as text", code=UNSUPPORTED)
     if not isinstance(value, list):
-        raise violation("must be a string or an array of strings")
+        raise violation("must be a string, an array of strings, or token ids")
     if not value:
         raise violation("must not be empty")
+    if _is_token_id(value[0]):
+        return (_token_ids(value),)
+    prompts: list[Prompt] = []
     for i, item in enumerate(value):
-        if not isinstance(item, str) or not item:
-            raise violation("must be a non-empty string", i)
-    return tuple(value)
+        if isinstance(item, list):
+            prompts.append(_token_ids(item, i))
+        elif isinstance(item, str) and item:
+            prompts.append(item)
+        else:
+            raise violation("must be a non-empty string or an array of token ids", i)
+    return tuple(prompts)
 
 
 class CompletionStreamOptions(StreamOptions):
@@ -120,6 +133,9 @@ class CompletionRequest(ContractModel):
         if self.echo and self.logprobs is not None:
             # the engine reports logprobs of generated tokens only, not of the echoed prompt
             raise violation("is not supported together with 'logprobs'", "echo", code=UNSUPPORTED)
+        if self.echo and any(not isinstance(p, str) for p in self.prompt):
+            raise violation("is not supported with a prompt given as token ids (its text is not known here)", "echo",
+                            code=UNSUPPORTED)
         self._check_candidates()
         return self
 
@@ -147,7 +163,7 @@ class CompletionRequest(ContractModel):
             max_tokens=self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS,
             max_tokens_param="max_tokens",
             max_tokens_defaulted=self.max_tokens is None,
-            prompt=self.prompt[0],
+            **prompt_fields(self.prompt[0]),
             stream=stream,
             include_usage=stream and usage,  # stream_options is legal but ignored on blocking requests
             temperature=self.temperature,
@@ -176,7 +192,7 @@ class CompletionJob:
     """A validated completions request: the engine request (for `prompts[0]`) and how to answer it."""
 
     request: GenerationRequest
-    prompts: tuple[str, ...]
+    prompts: tuple[Prompt, ...]
     echo: bool
     logprobs: int | None  # the legacy integer; None: no logprobs object
     continuous_usage: bool = False  # usage on every streamed chunk (vLLM's continuous_usage_stats)

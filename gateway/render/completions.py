@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.domain import GenerationEvent, GenerationResult
+from gateway.domain import GenerationEvent, GenerationResult, Prompt
 from gateway.errors import GatewayError
 from gateway.render.openai_common import openai_usage, system_fingerprint
 
@@ -42,9 +42,10 @@ def legacy_logprobs(entries: list[dict[str, Any]] | None, offset: int) -> dict[s
 class CompletionShape:
     """What the response looks like beyond the engine's output: ids, prompts (for echo), logprobs."""
 
-    def __init__(self, request_id: str, created: int, model: str, prompts: tuple[str, ...], n: int, echo: bool,
+    def __init__(self, request_id: str, created: int, model: str, prompts: tuple[Prompt, ...], n: int, echo: bool,
                  logprobs: int | None) -> None:
-        self.prompts = prompts
+        # the text of each prompt, for echo (which the contract refuses with token-id prompts)
+        self.prompts = tuple(p if isinstance(p, str) else "" for p in prompts)
         self.n = n
         self.echo = echo
         self.logprobs = logprobs

@@ -6,6 +6,7 @@ Works on the raw protobufs so the per-chunk hot path is a few struct reads, not 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -26,10 +27,19 @@ def _bytes_tensor(request: service_pb2.ModelInferRequest, name: str, items: list
     request.raw_input_contents.append(b"".join(_LEN.pack(len(b)) + b for b in items))
 
 
+def _int64_tensor(request: service_pb2.ModelInferRequest, name: str, values: Sequence[int]) -> None:
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = name, "INT64"
+    tensor.shape.append(len(values))
+    request.raw_input_contents.append(struct.pack(f"<{len(values)}q", *values))
+
+
 def encode_request(triton_model: str, req: GenerationRequest, request_id: str) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=triton_model, id=request_id)
     if req.messages is not None:
         _bytes_tensor(request, "messages", [orjson.dumps(list(req.messages))])
+    elif req.prompt_token_ids is not None:
+        _int64_tensor(request, "prompt_token_ids", req.prompt_token_ids)
     else:
         _bytes_tensor(request, "text_input", [(req.prompt or "").encode("utf-8")])
     _bytes_tensor(request, "sampling_parameters", [orjson.dumps(req.sampling_parameters())])
@@ -47,10 +57,7 @@ def encode_tokenizer_request(triton_model: str, task: TokenizerTask,
     """`tokenize` (options JSON, with `text_input` or `messages`) or `detokenize` (INT64 ids): no generation."""
     request = service_pb2.ModelInferRequest(model_name=triton_model, id=request_id)
     if task.detokenize is not None:
-        tensor = request.inputs.add()
-        tensor.name, tensor.datatype = "detokenize", "INT64"
-        tensor.shape.append(len(task.detokenize))
-        request.raw_input_contents.append(struct.pack(f"<{len(task.detokenize)}q", *task.detokenize))
+        _int64_tensor(request, "detokenize", task.detokenize)
         return request
     if task.messages is not None:
         _bytes_tensor(request, "messages", [orjson.dumps(list(task.messages))])

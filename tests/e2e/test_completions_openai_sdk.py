@@ -203,3 +203,21 @@ def test_a_completion_cut_inside_a_character_ends_the_same_streamed_and_blocking
                        if c.choices)
     assert blocking.choices[0].text == streamed == "\ufffd"
     assert blocking.choices[0].finish_reason == "length"
+
+
+def test_token_id_prompts_continue_as_their_text_does(openai_client, stack):
+    """The token-id forms (lm-eval-harness sends them): ids from /tokenize continue exactly as the text does."""
+    import httpx
+
+    ids = [httpx.post(f"{stack.base_url}/tokenize", json={"model": MODEL, "prompt": text}, timeout=30).json()["tokens"]
+           for text in (FRANCE, ITALY)]
+    by_text = openai_client.completions.create(model=MODEL, prompt=[FRANCE, ITALY], max_tokens=6, temperature=0)
+    by_ids = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    assert "Paris" in by_ids.choices[0].text and "Rome" in by_ids.choices[1].text
+    assert by_ids.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    one = openai_client.completions.create(model=MODEL, prompt=ids[0], max_tokens=6, temperature=0)
+    assert one.choices[0].text == by_text.choices[0].text
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.completions.create(model=MODEL, prompt=[ids[0][0], 10**9], max_tokens=2)
+    assert refused.value.body["param"] == "prompt[1]" and "vocabulary" in refused.value.body["message"]

@@ -305,8 +305,8 @@ async def test_explicit_nulls_mean_absent(gw):
 @pytest.mark.parametrize(("body", "code", "param"), [
     ({"suffix": "after"}, "unsupported_field", "suffix"),
     ({"echo": True, "logprobs": 1}, "unsupported_field", "echo"),
-    ({"prompt": [1, 2, 3]}, "unsupported_field", "prompt"),
-    ({"prompt": [[1, 2], [3]]}, "unsupported_field", "prompt"),
+    ({"prompt": [1, -2, 3]}, "invalid_request", "prompt[1]"),
+    ({"prompt": [[1, 2], [3]], "echo": True}, "unsupported_field", "echo"),
     ({"prompt": ["a", 5]}, "invalid_request", "prompt[1]"),
     ({"logprobs": 6}, "invalid_request", "logprobs"),
     ({"logprobs": True}, "invalid_request", "logprobs"),
@@ -431,3 +431,19 @@ async def test_continuous_usage_without_include_usage_adds_nothing(gw):
 async def test_chat_still_refuses_continuous_usage_stats(gw):
     resp = await gw.chat(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
     assert_error(resp, 400, "unsupported_field", "stream_options.continuous_usage_stats")
+
+
+async def test_token_id_prompts_reach_the_engine_as_ids(gw):
+    gw.fake().script = tokens("Hello", prompt=3)
+    resp = await complete(gw, prompt=[504, 3575, 282], max_tokens=2)
+    assert resp.status_code == 200, resp.text
+    (call,) = gw.calls
+    assert (call.req.prompt, call.req.prompt_token_ids) == (None, (504, 3575, 282))
+    assert resp.json()["choices"][0]["text"] == "Hello"
+
+
+async def test_several_token_id_prompts_fan_out_one_request_each(gw):
+    resp = await complete(gw, prompt=[[1, 2], [3]], max_tokens=2)
+    assert resp.status_code == 200, resp.text
+    assert sorted(c.req.prompt_token_ids for c in gw.calls) == [(1, 2), (3,)]
+    assert [c["index"] for c in resp.json()["choices"]] == [0, 1]

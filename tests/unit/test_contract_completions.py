@@ -52,8 +52,13 @@ ERROR_ROWS: list[tuple[str, Any, tuple[type, str], str | None]] = [
     ("prompt-int", body(prompt=5), INV, "prompt"),
     ("prompt-object", body(prompt={"text": "x"}), INV, "prompt"),
     ("prompt-empty-array", body(prompt=[]), INV, "prompt"),
-    ("prompt-token-ids", body(prompt=[1, 2, 3]), UNS, "prompt"),
-    ("prompt-token-id-arrays", body(prompt=[[1, 2], [3]]), UNS, "prompt"),
+    ("prompt-token-id-negative", body(prompt=[1, -2, 3]), INV, "prompt[1]"),
+    ("prompt-token-id-float", body(prompt=[1, 2.0]), INV, "prompt[1]"),
+    ("prompt-token-id-string", body(prompt=[1, "2"]), INV, "prompt[1]"),
+    ("prompt-token-id-too-large", body(prompt=[2**31]), INV, "prompt[0]"),
+    ("prompt-token-id-array-empty", body(prompt=[[1, 2], []]), INV, "prompt[1]"),
+    ("prompt-token-id-array-bad", body(prompt=[[1, 2], [3, None]]), INV, "prompt[1][1]"),
+    ("echo-with-token-ids", body(prompt=[1, 2], echo=True), UNS, "echo"),
     ("prompt-mixed", body(prompt=["a", 1]), INV, "prompt[1]"),
     ("prompt-empty-item", body(prompt=["a", ""]), INV, "prompt[1]"),
     ("prompt-null-item", body(prompt=["a", None]), INV, "prompt[1]"),
@@ -146,6 +151,16 @@ def test_prompt_array_keeps_order_and_first_prompt_drives_the_request() -> None:
     out = job(prompt=["a", "b", "c"], n=2)
     assert out.prompts == ("a", "b", "c") and out.request.prompt == "a" and out.request.n == 2
     assert job(prompt=["a"] * 64, n=2).prompts == ("a",) * 64  # 128 candidates: at the limit
+
+
+def test_token_id_prompts_are_taken_as_they_are() -> None:
+    """OpenAI's and vLLM's token-id forms (lm-eval-harness sends them): one array, or one array per prompt."""
+    one = job(prompt=[504, 3575, 282])
+    assert one.prompts == ((504, 3575, 282),)
+    assert (one.request.prompt, one.request.prompt_token_ids) == (None, (504, 3575, 282))
+    several = job(prompt=[[504, 3575], [504]], n=2)
+    assert several.prompts == ((504, 3575), (504,))
+    assert job(prompt=["text", [1, 2]]).prompts == ("text", (1, 2))  # each prompt in its own form
 
 
 def test_legacy_logprobs_maps_to_engine_top_logprobs() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from typing import Any
 
 import grpc
@@ -316,3 +317,12 @@ async def test_every_grpc_status_of_the_call(status):
     assert (err.status, err.code, err.retry_after) == (503, "transport_failure", 5)
     assert status.name.lower() in err.message
     assert client_mod._rpc_error(_rpc(status)).__class__ is UpstreamUnavailable
+
+
+def test_encode_a_token_id_prompt():
+    """A completions prompt given as token ids goes as INT64 `prompt_token_ids`, with no text_input."""
+    req = GenerationRequest(model="m", max_tokens=4, max_tokens_param="max_tokens",
+                            prompt_token_ids=(504, 3575, 2**31 - 1))
+    inputs = _inputs(encode_request("tiny", req, "r1"))
+    assert "text_input" not in inputs and "messages" not in inputs
+    assert inputs["prompt_token_ids"] == ("INT64", [3], struct.pack("<3q", 504, 3575, 2**31 - 1))
