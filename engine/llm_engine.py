@@ -177,6 +177,8 @@ class LLMEngine:
         """Prompt ids, plus the prompt's input embeddings when images are present (see engine.inputs.vision).
 
         `token_ids`: a prompt already tokenized, taken as it is (no chat template, no special tokens added)."""
+        if params is not None:
+            self.check_logit_bias(params)
         if token_ids is not None:
             if not token_ids:
                 raise EngineError("invalid_request", "the prompt's token ids are empty", "prompt")
@@ -187,6 +189,15 @@ class LLMEngine:
         if self.vision is None:
             raise EngineError("unsupported_field", "this model does not accept image input", "images")
         return self.vision.encode(prompt, messages, params, images)
+
+    def check_logit_bias(self, params: SamplingParams) -> None:
+        """A bias on an id the model has no logit for is a 400, as vLLM answers it (it used to be dropped)."""
+        vocab = self.sampler.vocab_size
+        outside = sorted(t for t in params.logit_bias if not 0 <= t < vocab)
+        if outside:
+            raise EngineError("invalid_request",
+                              f"logit_bias token id {outside[0]} is outside the vocabulary (0..{vocab - 1})",
+                              "logit_bias")
 
     def grammar_factory(self, params: SamplingParams) -> Callable[[], Any] | None:
         """Compile the request's grammar (or its forced tool call) now, off the decode loop.
