@@ -20,7 +20,14 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
-from gateway.errors import GatewayError, MalformedWorkerResponse, ModelProcessDied, Unavailable, worker_error
+from gateway.errors import (
+    GatewayError,
+    MalformedWorkerResponse,
+    ModelProcessDied,
+    Unavailable,
+    UnsupportedField,
+    worker_error,
+)
 from gateway.triton.codec import (
     MalformedResponse,
     decode_response,
@@ -48,6 +55,8 @@ _END_CALL_TIMEOUT_S = 5.0
 # Triton's own refusals of a request no model instance has seen: a server that is shutting down (its models
 # unloading: "Request for unknown model: 'x' has no available versions"), or a model not loaded here.
 _NOT_SERVED_HERE = ("Request for unknown model", "Server not ready", "is not at ready state")
+# Triton's refusal of an input the model's config does not declare: a model repository older than token-id prompts
+_UNDECLARED_TOKEN_IDS = "unexpected inference input 'prompt_token_ids'"
 # The Python backend's answer, after about 1 s, to a request for an instance whose stub process is gone. Triton
 # itself never restarts that process and keeps the model READY (triton-inference-server/server #7862, #8604).
 _STUB_DEAD = re.compile(r"Stub process '([^']*)' is not healthy")
@@ -142,6 +151,9 @@ class TritonClient:
                     if not answered and any(s in response.error_message for s in _NOT_SERVED_HERE):
                         # nothing ran: another endpoint can take it (a draining Triton keeps its connections)
                         raise UpstreamUnavailable(f"Triton did not take the request: {response.error_message[:120]}")
+                    if not answered and _UNDECLARED_TOKEN_IDS in response.error_message:
+                        raise UnsupportedField("this model does not take a prompt as token ids; send it as text",
+                                               param="prompt")
                     raise worker_error(*parse_error_message(response.error_message))
                 answered = True
                 request_done = is_final(response.infer_response)

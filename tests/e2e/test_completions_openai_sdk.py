@@ -134,7 +134,7 @@ def test_vllm_bench_style_request(openai_client):
     ({"temperature": -1}, "invalid_request", "temperature"),
     ({"suffix": "and so on"}, "unsupported_field", "suffix"),
     ({"echo": True, "logprobs": 1}, "unsupported_field", "echo"),
-    ({"prompt": [1, 2, 3]}, "unsupported_field", "prompt"),
+    ({"prompt": [1, -2, 3]}, "invalid_request", "prompt[1]"),
     ({"logprobs": 6}, "invalid_request", "logprobs"),
     ({"extra_body": {"messages": []}}, "unsupported_field", "messages"),
     ({"max_tokens": 10**6}, "context_exceeded", "max_tokens"),
@@ -221,3 +221,18 @@ def test_token_id_prompts_continue_as_their_text_does(openai_client, stack):
     with pytest.raises(openai.BadRequestError) as refused:
         openai_client.completions.create(model=MODEL, prompt=[ids[0][0], 10**9], max_tokens=2)
     assert refused.value.body["param"] == "prompt[1]" and "vocabulary" in refused.value.body["message"]
+
+
+def test_a_model_that_declares_no_token_id_input_answers_400(stub):
+    """A model repository older than token-id prompts (the stub model declares no `prompt_token_ids`): Triton refuses
+    the input, and the client gets a 400 naming `prompt`, not a 500."""
+    import httpx
+
+    from tests.e2e.conftest import STUB
+
+    resp = httpx.post(stub.url + "/v1/completions", json={"model": STUB, "prompt": [1, 2, 3], "max_tokens": 2},
+                      headers=stub.headers, timeout=30)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["code"], error["param"]) == ("unsupported_field", "prompt") and "token ids" in error["message"]
+    assert resp.headers["x-sie-error-code"] == "unsupported_field"
