@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from engine.model.kv_cache import KVCache, zeroed
+from engine.model.kv_cache import KVCache, commit, zeroed
 
 BlockKey = int
 
@@ -33,8 +33,10 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity = max(capacity_tokens // block_tokens, 0)
         shape = (layers, self.capacity, heads, block_tokens, dim)
-        self.k = zeroed(shape, cache.k.dtype, cache.k.device)
-        self.v = zeroed(shape, cache.v.dtype, cache.v.device)
+        # committed up front (its size is the profile's budget, held for the process's life): a store into
+        # fresh pages would pay their faults on the path to the first token
+        self.k = commit(zeroed(shape, cache.k.dtype, cache.k.device))
+        self.v = commit(zeroed(shape, cache.v.dtype, cache.v.device))
         self.blocks: collections.OrderedDict[BlockKey, _Block] = collections.OrderedDict()  # LRU first
         self.free = list(range(self.capacity - 1, -1, -1))
         self.hit_tokens = 0  # counters for metrics and benchmarks

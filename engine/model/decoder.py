@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.kv_cache import KVCache
-from engine.model.linear_kernels import choose_kind, linear, pack
+from engine.model.linear_kernels import Weight, choose_kind, linear, pack
 from engine.model.loading import language_model, unsupported_features
 from engine.model.lora import AdapterTable, LoraBatch
 from engine.staging import stage
@@ -31,14 +31,14 @@ SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCaus
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Weight  # the linears in the layout of the decoder's linear kind (engine.model.linear_kernels)
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: Weight
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Weight
+    down: Weight
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -86,12 +86,13 @@ class Decoder:
         self.device, self.dtype = param.device, param.dtype
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
-        self.lm_head = hf_model.lm_head.weight.detach()
+        self.lm_head: Weight = hf_model.lm_head.weight.detach()
         self.layers = [self._fuse(layer) for layer in inner.layers]
         # GEMM path by ISA and a quick measurement at load (engine.model.linear_kernels); weights prepacked if oneDNN
         self.linear_kind = "torch"
         first = self.layers[0]
-        self.set_linear_kind(choose_kind(self.device, [first.qkv, first.o_proj, first.gate_up, first.down]))
+        layer_weights = [first.qkv, first.o_proj, first.gate_up, first.down]
+        self.set_linear_kind(choose_kind(self.device, layer_weights))  # type: ignore[arg-type]  # dense at load
         self.hidden_size = config.hidden_size
         self._build_rope(config, max_len)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
@@ -112,7 +113,8 @@ class Decoder:
         return [adapter for adapter in adapters for _ in range(longest)]
 
     def set_linear_kind(self, kind: str) -> None:
-        """Lay the linear weights out for `kind` ("dnnl": prepacked for oneDNN; otherwise dense)."""
+        """Lay the linear weights out for `kind` ("dnnl": prepacked for oneDNN; "tiled": column tiles; otherwise
+        dense)."""
         for w in self.layers:
             w.qkv, w.o_proj, w.gate_up, w.down = (pack(t, kind) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
         self.lm_head = pack(self.lm_head, kind)

@@ -4,12 +4,14 @@ Why: the torch wheel's MKL picks its kernels by CPU vendor, and on AMD it takes 
 GEMMs of batched decode, even on AVX-512 parts (shared/notes/cpu-decode.md). oneDNN (bundled with torch) picks its
 kernels by ISA (brgemm with avx512_core / avx512_core_bf16 / AMX where present) and, with weights prepacked into
 its blocked layout once at load (as inductor's `mkldnn._linear_pointwise` does), runs those GEMMs much faster there.
-Which one wins depends on the CPU, so the forward asks `choose_kind` once: the ISA sets the default (oneDNN on
-AVX-512, F.linear otherwise) and a quick timing of both on the model's own weight shapes overturns it on a clear
-loss. `SIE_LINEAR_KERNEL=mkl|dnnl` overrides the choice.
+Our own tiled kernel (engine.model.tiled_linear) beats both at decode's row counts in fp32, and its rows do not
+depend on their batch. Which one wins depends on the CPU, so the forward asks `choose_kind` once: the ISA sets the
+default (tiled, else oneDNN, on AVX-512; F.linear otherwise) and a quick timing of each on the model's own weight
+shapes overturns it on a clear loss. `SIE_LINEAR_KERNEL=mkl|dnnl|tiled` overrides the choice.
 
-Kinds: "torch" (plain F.linear; GPU and CPUs without oneDNN), "mkl" (F.linear on CPU), "dnnl" (prepacked oneDNN).
-A prepacked weight is an mkldnn-layout tensor; `linear` dispatches on that, so call sites stay one line.
+Kinds: "torch" (plain F.linear; GPU and CPUs without oneDNN), "mkl" (F.linear on CPU), "dnnl" (prepacked oneDNN),
+"tiled" (fp32 column tiles, our kernel). A laid-out weight is an mkldnn-layout tensor or a `TiledWeight`; `linear`
+dispatches on that, so call sites stay one line.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from engine.model import tiled_linear
+from engine.model.tiled_linear import TiledWeight
+
 log = logging.getLogger(__name__)
 
-KINDS = ("torch", "mkl", "dnnl")
+KINDS = ("torch", "mkl", "dnnl", "tiled")
+Weight = torch.Tensor | TiledWeight  # what `pack` returns and `linear` takes
 # decode batch size the packed layout is tuned for; oneDNN accepts any row count with it
 _PACK_BATCH_HINT = 8
 # the path the ISA suggests is kept unless the other one is faster by this factor
@@ -55,7 +61,9 @@ def native_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"}) and torch.backends.mkldnn.is_available()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, TiledWeight):
+        return tiled_linear.tiled_linear(x, weight, bias)
     if weight.is_mkldnn:
         if x.dim() != 2:  # the packed op takes [N, K]
             return linear(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], -1)
@@ -63,11 +71,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def pack(weight: torch.Tensor, kind: str) -> torch.Tensor:
-    """The weight in the layout `kind` wants: prepacked for "dnnl", dense otherwise (a packed one unpacked)."""
-    if kind == "dnnl":
-        return weight if weight.is_mkldnn else torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
+def dense(weight: Weight) -> torch.Tensor:
+    """The plain [N, K] weight of any layout."""
+    if isinstance(weight, TiledWeight):
+        return weight.dense()
     return weight.to_dense() if weight.is_mkldnn else weight
+
+
+def pack(weight: Weight, kind: str) -> Weight:
+    """The weight in the layout `kind` wants: prepacked for "dnnl", tiles for "tiled", dense otherwise."""
+    if kind == "dnnl":
+        if isinstance(weight, torch.Tensor) and weight.is_mkldnn:
+            return weight
+        return torch.ops.mkldnn._reorder_linear_weight(dense(weight), _PACK_BATCH_HINT)
+    if kind == "tiled":
+        return weight if isinstance(weight, TiledWeight) else TiledWeight(dense(weight))
+    return dense(weight)
+
+
+def _kinds_here(dtype: torch.dtype) -> list[str]:
+    """The CPU kinds that can run `dtype` weights on this box."""
+    kinds = ["mkl"]
+    if torch.backends.mkldnn.is_available():
+        kinds.append("dnnl")
+    if dtype == torch.float32 and tiled_linear.available():
+        kinds.append("tiled")
+    return kinds
 
 
 def _time(fn, reps: int) -> float:
@@ -78,30 +107,31 @@ def _time(fn, reps: int) -> float:
 
 
 @torch.inference_mode()
-def measure(weights: list[torch.Tensor], rows: tuple[int, ...] = (1, 8), rounds: int = 5) -> dict[str, float]:
-    """Seconds for one pass of `weights` as linears at each of `rows`, through MKL and through packed oneDNN.
+def measure(weights: list[torch.Tensor], rows: tuple[int, ...] = (1, 8), rounds: int = 5,
+            kinds: list[str] | None = None) -> dict[str, float]:
+    """Seconds for one pass of `weights` as linears at each of `rows`, through each of `kinds` (default: every
+    kind this box can run for their dtype).
 
-    The two paths alternate and each keeps its best round: on a box other jobs load, a descheduled OpenMP thread
+    The paths alternate and each keeps its best round: on a box other jobs load, a descheduled OpenMP thread
     stalls whichever path happens to run, so only the best rounds compare the kernels."""
-    packed = [pack(w, "dnnl") for w in weights]
+    kinds = kinds or _kinds_here(weights[0].dtype)
+    laid_out = {kind: [pack(w, kind) for w in weights] for kind in kinds}
     inputs = [[torch.randn(m, w.shape[1], dtype=w.dtype) for w in weights] for m in rows]
 
-    def run_mkl() -> None:
-        for x in inputs:
-            for a, w in zip(x, weights, strict=True):
-                F.linear(a, w)
+    def runner(kind: str):
+        def run() -> None:
+            for x in inputs:
+                for a, w in zip(x, laid_out[kind], strict=True):
+                    linear(a, w)
+        return run
 
-    def run_dnnl() -> None:
-        for x in inputs:
-            for a, w in zip(x, packed, strict=True):
-                linear(a, w)
-
-    run_mkl()  # first-call costs (oneDNN primitive creation) are not the kernels'
-    run_dnnl()
-    best = {"mkl": float("inf"), "dnnl": float("inf")}
+    runs = {kind: runner(kind) for kind in kinds}
+    for run in runs.values():
+        run()  # first-call costs (oneDNN primitive creation) are not the kernels'
+    best = dict.fromkeys(kinds, float("inf"))
     for _ in range(rounds):
-        best["mkl"] = min(best["mkl"], _time(run_mkl, 3))
-        best["dnnl"] = min(best["dnnl"], _time(run_dnnl, 3))
+        for kind, run in runs.items():
+            best[kind] = min(best[kind], _time(run, 3))
     return best
 
 
@@ -110,20 +140,25 @@ def choose_kind(device: torch.device, weights: list[torch.Tensor]) -> str:
     forced = os.environ.get("SIE_LINEAR_KERNEL", "auto").strip().lower()
     if device.type != "cpu":
         return "torch"
-    if forced in ("mkl", "dnnl"):
-        return forced if forced == "mkl" or torch.backends.mkldnn.is_available() else "mkl"
-    if not torch.backends.mkldnn.is_available():
+    kinds = _kinds_here(weights[0].dtype)
+    if forced in KINDS[1:]:
+        if forced not in kinds:
+            log.warning("SIE_LINEAR_KERNEL=%s cannot run here (%s weights); using mkl", forced, weights[0].dtype)
+        return forced if forced in kinds else "mkl"
+    if len(kinds) == 1:
         return "mkl"
     try:
-        times = measure(weights)
+        times = measure(weights, kinds=kinds)
     except RuntimeError as exc:  # a oneDNN build without this op or dtype: stay on F.linear
         log.warning("oneDNN linear unavailable (%s); using F.linear", exc)
         return "mkl"
-    # the ISA sets the default (oneDNN's brgemm kernels where AVX-512 is present); the measurement overturns it
-    # only on a clear loss, so a noisy moment at load cannot flip a box to its slower path
-    prior = "dnnl" if cpu_isa().startswith("AVX512") else "mkl"
-    other = "mkl" if prior == "dnnl" else "dnnl"
-    kind = other if times[other] < _WIN_FACTOR * times[prior] else prior
-    log.info("linear kernel %s (ISA %s; one layer at 1+8 rows: mkl %.2f ms, dnnl %.2f ms)", kind, cpu_isa(),
-             times["mkl"] * 1e3, times["dnnl"] * 1e3)
+    # the ISA sets the default (our tiled kernel, else oneDNN's brgemm, where AVX-512 is present); the measurement
+    # overturns it only on a clear loss, so a noisy moment at load cannot flip a box to its slower path
+    prior = "mkl"
+    if cpu_isa().startswith("AVX512"):
+        prior = "tiled" if "tiled" in times else "dnnl"
+    fastest = min(times, key=times.__getitem__)
+    kind = fastest if times[fastest] < _WIN_FACTOR * times[prior] else prior
+    log.info("linear kernel %s (ISA %s; one layer at 1+8 rows: %s)", kind, cpu_isa(),
+             ", ".join(f"{k} {t * 1e3:.2f} ms" for k, t in times.items()))
     return kind

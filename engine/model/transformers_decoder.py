@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.kv_cache import KVCache
-from engine.model.linear_kernels import choose_kind, linear, pack
+from engine.model.linear_kernels import Weight, choose_kind, linear, pack
 from engine.model.loading import language_model
 from engine.model.transformers_lora import BASE, AdapterRows, PeftAdapter, load_peft_adapters
 from engine.staging import stage
@@ -162,16 +162,17 @@ def transformers_path_gaps(hf_model: torch.nn.Module) -> list[str]:
 def use_linear_kind(module: torch.nn.Module, kind: str) -> None:
     """Every nn.Linear under `module` runs on `kind`'s kernel (engine.model.linear_kernels): with "dnnl" its
     weight is prepacked once for oneDNN, which on AVX-512 runs these GEMMs 2-4x faster than F.linear (MKL's
-    path on AMD). The dense weight stays (the HF model is still whole); the packed copy is extra memory.
+    path on AMD); with "tiled", laid out as column tiles for our fp32 kernel. The dense weight stays (the HF
+    model is still whole); the packed copy is extra memory.
     LoRA adapters (engine.model.transformers_lora) wrap these modules and call them as peft's `base_layer`: the
     packed kernel keeps running every base GEMM, for rows with and without adapters."""
-    if kind != "dnnl":
+    if kind not in ("dnnl", "tiled"):
         return
     for sub in module.modules():
         if isinstance(sub, torch.nn.Linear):
             packed, bias = pack(sub.weight.detach(), kind), sub.bias
 
-            def forward(x: torch.Tensor, packed: torch.Tensor = packed, bias=bias) -> torch.Tensor:
+            def forward(x: torch.Tensor, packed: Weight = packed, bias=bias) -> torch.Tensor:
                 return linear(x, packed, bias)
 
             sub.forward = forward  # type: ignore[method-assign,assignment]

@@ -1,5 +1,6 @@
-"""engine.model.linear_kernels: the oneDNN-prepacked linear agrees with F.linear, the choice honours the override, and a
-forward laid out either way gives the same logits and greedy tokens as the HF model (a tiny random Llama)."""
+"""engine.model.linear_kernels: the oneDNN-prepacked and tiled linears agree with F.linear, the choice honours the
+override, and a forward laid out any way gives the same logits and greedy tokens as the HF model (a tiny random
+Llama)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model import linear_kernels
+from engine.model import linear_kernels, tiled_linear
 from engine.model.linear_kernels import choose_kind, linear, pack
+from engine.model.tiled_linear import TiledWeight
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -26,9 +28,40 @@ def test_packed_linear_matches_f_linear(rows):
 
 
 def test_pack_round_trip_is_exact():
-    w = torch.randn(32, 48)
+    w = torch.randn(40, 48)  # 40 rows: the tiled layout pads to 64
     assert torch.equal(pack(pack(w, "dnnl"), "mkl"), w)
+    assert torch.equal(pack(pack(w, "tiled"), "mkl"), w)
+    assert torch.equal(pack(pack(pack(w, "tiled"), "dnnl"), "mkl"), w)
     assert pack(w, "mkl") is w
+
+
+needs_tiled = pytest.mark.skipif(not tiled_linear.available(), reason="the tiled kernel cannot be built here")
+
+
+@needs_tiled
+@pytest.mark.parametrize(("out_features", "rows"), [(96, 1), (100, 8), (64, 13), (200, 37)])
+def test_tiled_linear_matches_f_linear(out_features, rows):
+    torch.manual_seed(0)
+    w, b, x = torch.randn(out_features, 64), torch.randn(out_features), torch.randn(rows, 64)
+    tiled = pack(w, "tiled")
+    assert isinstance(tiled, TiledWeight) and tiled.shape == w.shape
+    torch.testing.assert_close(linear(x, tiled, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear(x.view(1, rows, 64), tiled), F.linear(x, w).view(1, rows, out_features),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_tiled
+def test_tiled_rows_do_not_depend_on_their_batch_or_the_isa_variant():
+    """Each output is the same sequential FMA sum whatever the row count: a row alone, in any batch, at any
+    place of the register blocks (8 rows on AVX-512, 2 on AVX2) gives the same bits, and so do both variants."""
+    torch.manual_seed(0)
+    w, x = torch.randn(160, 96), torch.randn(29, 96)
+    tiled = pack(w, "tiled")
+    batch = linear(x, tiled)
+    for i in range(29):
+        assert torch.equal(linear(x[i : i + 1], tiled)[0], batch[i])
+    assert torch.equal(linear(x[5:16], tiled), batch[5:16])
+    assert torch.equal(tiled_linear.tiled_linear(x, tiled, avx2=True), batch)
 
 
 def test_override_and_device(monkeypatch):
@@ -37,6 +70,9 @@ def test_override_and_device(monkeypatch):
     assert choose_kind(torch.device("cpu"), w) == "mkl"
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "dnnl")
     assert choose_kind(torch.device("cpu"), w) == "dnnl"
+    monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
+    assert choose_kind(torch.device("cpu"), w) == ("tiled" if tiled_linear.available() else "mkl")
+    assert choose_kind(torch.device("cpu"), [w[0].bfloat16()]) == "mkl"  # the tiled kernel is fp32 only
     assert choose_kind(torch.device("meta"), w) == "torch"  # never packs off the CPU
 
 
@@ -45,17 +81,22 @@ def test_override_and_device(monkeypatch):
     ("AVX2", {"mkl": 1.0, "dnnl": 0.95}, "mkl"),
     ("AVX512", {"mkl": 0.5, "dnnl": 1.0}, "mkl"),  # a clear loss overturns it
     ("AVX2", {"mkl": 1.0, "dnnl": 0.5}, "dnnl"),
+    ("AVX512", {"mkl": 0.95, "dnnl": 0.9, "tiled": 1.0}, "tiled"),  # where it runs, tiled is AVX-512's default
+    ("AVX512", {"mkl": 1.0, "dnnl": 0.5, "tiled": 1.0}, "dnnl"),
+    ("AVX2", {"mkl": 1.0, "dnnl": 0.8, "tiled": 0.6}, "tiled"),  # the fastest of the clear winners
 ])
 def test_auto_choice_isa_default_overturned_by_a_clear_loss(monkeypatch, isa, times, expected):
     monkeypatch.delenv("SIE_LINEAR_KERNEL", raising=False)
     monkeypatch.setattr(linear_kernels, "cpu_isa", lambda: isa)
-    monkeypatch.setattr(linear_kernels, "measure", lambda weights: times)
+    monkeypatch.setattr(linear_kernels, "_kinds_here", lambda dtype: list(times))
+    monkeypatch.setattr(linear_kernels, "measure", lambda weights, kinds: {k: times[k] for k in kinds})
     assert choose_kind(torch.device("cpu"), [torch.randn(32, 16)]) == expected
 
 
-def test_measure_times_both_paths():
+def test_measure_times_every_path_this_box_runs():
     times = linear_kernels.measure([torch.randn(64, 32)], rows=(1,), rounds=1)
-    assert set(times) == {"mkl", "dnnl"} and all(0 < t < 10 for t in times.values())
+    expected = {"mkl", "dnnl"} | ({"tiled"} if tiled_linear.available() else set())
+    assert set(times) == expected and all(0 < t < 10 for t in times.values())
 
 
 def _tiny_llama():
@@ -69,8 +110,8 @@ def _tiny_llama():
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("kind", ["mkl", "dnnl"])
-def test_forward_with_either_kind_matches_hf(monkeypatch, kind):
+@pytest.mark.parametrize("kind", ["mkl", "dnnl", pytest.param("tiled", marks=needs_tiled)])
+def test_forward_with_each_kind_matches_hf(monkeypatch, kind):
     from engine.model.decoder import Decoder
     from engine.runner.model_runner import ModelRunner
 
@@ -78,7 +119,10 @@ def test_forward_with_either_kind_matches_hf(monkeypatch, kind):
     model = _tiny_llama()
     decoder = Decoder(model, max_len=64)
     assert decoder.linear_kind == kind
-    assert all(w.gate_up.is_mkldnn == (kind == "dnnl") for w in decoder.layers)
+    layouts = {"mkl": torch.Tensor, "dnnl": torch.Tensor, "tiled": TiledWeight}
+    assert all(isinstance(w.gate_up, layouts[kind]) for w in decoder.layers)
+    assert all((kind == "dnnl") == (isinstance(w.gate_up, torch.Tensor) and w.gate_up.is_mkldnn)
+               for w in decoder.layers)
     fwd = ModelRunner(decoder, slots=2, max_len=64)
     prompt = [5, 17, 33, 2, 99, 140, 7]
     ref = model(torch.tensor([prompt])).logits[0, -1]
