@@ -2,10 +2,10 @@
 for every row count, so a row's output is bit-identical alone, in any batch, in prefill or decode.
 
 Why: decode multiplies 1-128 rows by every weight, and there MKL and oneDNN read the weights at 10-25 GB/s; the
-tiled kernel keeps 32 output columns x up to 8 rows in registers and streams each weight once per 8 rows. On the
-2-core Xeon (AVX-512, L3 480 MB), SmolLM2's 120 layer linears per pass, best of 5, ms, MKL's F.linear / tiled:
-M=1 16.5 / 15.2, M=8 36.5 / 18.6, M=16 41.8 / 24.7, M=32 50.9 / 34.0, M=128 111 / 98, M=512 365 / 346,
-M=1456 905 / 1003 (oneDNN prepacked: 22.2 / 28.8 / 33.7 ms at M=1 / 8 / 16).
+tiled kernel keeps 48 output columns x up to 8 rows in registers and streams each weight once per 8 rows. On the
+2-core Xeon (AVX-512, 480 MB L3), SmolLM2's 120 layer linears per pass, best of 5, ms, MKL's F.linear / prepacked
+oneDNN / tiled: M=1 17.7 / 21.9 / 17.1, M=8 36.8 / 26.5 / 18.6, M=16 43.4 / 31.9 / 24.7, M=32 50.7 / 43.0 / 34.9,
+M=128 123 / 122 / 113, M=512 435 / 408 / 416.
 
 The op is compiled once per torch version and source (torch.utils.cpp_extension, about 25 s, cached under
 `SIE_KERNEL_CACHE`, default ~/.cache/sie-kernels); `make install` builds it ahead. Where no compiler or no AVX2 is
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "tiled_linear.cpp"
 TILE = 16  # output columns per tile (the kernel's layout)
-PANEL = 2  # tiles per register block: N is padded to a multiple of TILE * PANEL
+PAD_TILES = 6  # N is padded to a multiple of TILE * PAD_TILES: the kernel's panels of 3 (AVX-512) or 2 (AVX2) tiles
 
 
 _CFLAGS = ["-O3", "-fopenmp"]  # -fopenmp: at::parallel_for is inline OpenMP; without it the op runs on one thread
@@ -75,12 +75,12 @@ def available() -> bool:
 
 
 class TiledWeight:
-    """A [N, K] fp32 weight laid out as [ceil(N/32)*2, K, 16] column tiles (zero rows pad N)."""
+    """A [N, K] fp32 weight laid out as [ceil(N/96)*6, K, 16] column tiles (zero rows pad N)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         n, k = weight.shape
         self.out_features = n
-        padded = -(-n // (TILE * PANEL)) * TILE * PANEL
+        padded = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
         w = F.pad(weight.detach().float(), (0, 0, 0, padded - n))
         self.tiles = w.view(padded // TILE, TILE, k).transpose(1, 2).contiguous()
 
