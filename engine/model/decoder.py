@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.kv_cache import KVCache
-from engine.model.linear_kernels import Weight, choose_kind, linear, pack
+from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
 from engine.model.lora import AdapterTable, LoraBatch
 from engine.staging import stage
@@ -91,8 +91,8 @@ class Decoder:
         # GEMM path by ISA and a quick measurement at load (engine.model.linear_kernels); weights prepacked if oneDNN
         self.linear_kind = "torch"
         first = self.layers[0]
-        layer_weights = [first.qkv, first.o_proj, first.gate_up, first.down]
-        self.set_linear_kind(choose_kind(self.device, layer_weights))  # type: ignore[arg-type]  # dense at load
+        self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
+                                                                         first.down)]))
         self.hidden_size = config.hidden_size
         self._build_rope(config, max_len)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]

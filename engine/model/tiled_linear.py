@@ -81,7 +81,9 @@ class TiledWeight:
         n, k = weight.shape
         self.out_features = n
         padded = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
-        w = F.pad(weight.detach().float(), (0, 0, 0, padded - n))
+        w = weight.detach().float()
+        if padded != n:  # only then a padded copy: the layout's own copy is the one load pays for
+            w = F.pad(w, (0, 0, 0, padded - n))
         self.tiles = w.view(padded // TILE, TILE, k).transpose(1, 2).contiguous()
 
     @property
