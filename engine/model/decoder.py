@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.model.attention import chunk_attention, native_supported
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
@@ -94,6 +95,7 @@ class Decoder:
         self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
                                                                          first.down)]))
         self.hidden_size = config.hidden_size
+        self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # prefill chunks
         self._build_rope(config, max_len)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.mlp_splits = [config.intermediate_size, config.intermediate_size]
@@ -202,23 +204,14 @@ class Decoder:
         end = start + n
         positions = torch.arange(start, end, device=self.device)
         h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None else embeds.to(self.device)
-        # causal over the chunk, full over the cached prefix; a fresh prompt needs no mask tensor at all
-        mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start) if start else None
         kc, vc = cache.k, cache.v
         rope = self._rope_at(positions)
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
             kc[i, slot, :, start:end] = k.transpose(0, 1)
             vc[i, slot, :, start:end] = v.transpose(0, 1)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0),
-                kc[i, slot : slot + 1, :, :end],
-                vc[i, slot : slot + 1, :, :end],
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=True,
-            )
-            h = h + self._o_proj(w, attn[0].transpose(0, 1).reshape(n, -1), lora, i)
+            attn = chunk_attention(q, kc[i, slot], vc[i, slot], start, self.native_attention)
+            h = h + self._o_proj(w, attn.reshape(n, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
         return self.logits(self._final_norm(h[-1:]))[0]
 
@@ -229,8 +222,8 @@ class Decoder:
         `starts`: positions already in each slot (a cached prefix, loaded), so `prompts` are the rest of each
         prompt; None: whole prompts. `lora`: one row per padded token (each prompt padded to the longest).
 
-        Only real tokens write K/V; a pad query attends to its row's real keys (so its garbage stays finite and
-        goes nowhere).
+        Only real tokens write K/V; a pad query attends to its row's real keys under SDPA, or gets zeros from our
+        kernel (so its garbage stays finite and goes nowhere).
         """
         k, longest = len(prompts), max(len(p) for p in prompts)
         starts = starts or [0] * k
@@ -242,9 +235,11 @@ class Decoder:
                                              table[:, longest + 2])
         positions = start_t[:, None] + torch.arange(longest, device=self.device)  # [k, T]
         h = self.embed[ids.reshape(-1)]
-        keys = torch.arange(span, device=self.device)[None, None, :]
-        # [k, 1, T, span]: causal from each row's own start, and never past its own last token
-        mask = ((keys <= positions[:, :, None]) & (keys < (start_t + lengths)[:, None, None]))[:, None]
+        mask = None
+        if not self.native_attention:
+            keys = torch.arange(span, device=self.device)[None, None, :]
+            # [k, 1, T, span]: causal from each row's own start, and never past its own last token
+            mask = ((keys <= positions[:, :, None]) & (keys < (start_t + lengths)[:, None, None]))[:, None]
         real = (positions < (start_t + lengths)[:, None]).reshape(-1).nonzero()[:, 0]  # the tokens that are not pads
         token_slots, token_positions = slot_index.repeat_interleave(longest)[real], positions.reshape(-1)[real]
         kc, vc = cache.k, cache.v
@@ -253,10 +248,17 @@ class Decoder:
             q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
             kc[i, token_slots, :, token_positions] = kk[real]
             vc[i, token_slots, :, token_positions] = vv[real]
-            q = q.view(k, longest, self.n_heads, self.head_dim).transpose(1, 2)
-            attn = F.scaled_dot_product_attention(q, kc[i, slot_index, :, :span], vc[i, slot_index, :, :span],
-                                                  attn_mask=mask, enable_gqa=True)
-            h = h + self._o_proj(w, attn.transpose(1, 2).reshape(k * longest, -1), lora, i)
+            q = q.view(k, longest, self.n_heads, self.head_dim)
+            if mask is None:  # our kernel, prompt by prompt (a pad's output is zeros)
+                attn = q.new_zeros(q.shape)
+                for j, (slot, start, prompt) in enumerate(zip(slots, starts, prompts, strict=True)):
+                    attn[j, : len(prompt)] = chunk_attention(q[j, : len(prompt)], kc[i, slot], vc[i, slot], start,
+                                                             native=True)
+            else:
+                attn = F.scaled_dot_product_attention(q.transpose(1, 2), kc[i, slot_index, :, :span],
+                                                      vc[i, slot_index, :, :span], attn_mask=mask,
+                                                      enable_gqa=True).transpose(1, 2)
+            h = h + self._o_proj(w, attn.reshape(k * longest, -1), lora, i)
             h = h + self._mlp(w, h, lora, i)
         last = h.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1]
         return self.logits(self._final_norm(last))

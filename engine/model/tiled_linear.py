@@ -7,71 +7,21 @@ tiled kernel keeps 48 output columns x up to 8 rows in registers and streams eac
 oneDNN / tiled: M=1 17.7 / 21.9 / 17.1, M=8 36.8 / 26.5 / 18.6, M=16 43.4 / 31.9 / 24.7, M=32 50.7 / 43.0 / 34.9,
 M=128 123 / 122 / 113, M=512 435 / 408 / 416.
 
-The op is compiled once per torch version and source (torch.utils.cpp_extension, about 25 s, cached under
-`SIE_KERNEL_CACHE`, default ~/.cache/sie-kernels); `make install` builds it ahead. Where no compiler or no AVX2 is
-there, `available()` is False and the engine keeps MKL/oneDNN (engine.model.linear_kernels).
+The op is built with our other CPU ops (engine.model.cpu_kernels). Where it cannot be, `available()` is False and
+the engine keeps MKL/oneDNN (engine.model.linear_kernels).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import logging
-import os
-import shutil
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
+from engine.model.cpu_kernels import available
 
-SOURCE = Path(__file__).with_name("kernels") / "tiled_linear.cpp"
+__all__ = ["TILE", "TiledWeight", "available", "tiled_linear"]
+
 TILE = 16  # output columns per tile (the kernel's layout)
 PAD_TILES = 6  # N is padded to a multiple of TILE * PAD_TILES: the kernel's panels of 3 (AVX-512) or 2 (AVX2) tiles
-
-
-_CFLAGS = ["-O3", "-fopenmp"]  # -fopenmp: at::parallel_for is inline OpenMP; without it the op runs on one thread
-
-
-def _build_dir() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
-    root = Path(os.environ.get("SIE_KERNEL_CACHE") or Path.home() / ".cache" / "sie-kernels")
-    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info.major}{sys.version_info.minor}"
-    return root / f"{tag}-{digest}"
-
-
-def _put_ninja_on_path() -> None:
-    """cpp_extension runs `ninja` from PATH; tritonserver's stubs may not have the venv's bin there."""
-    if shutil.which("ninja"):
-        return
-    with contextlib.suppress(ImportError):
-        import ninja  # the PyPI wheel (an `engine` dependency) carries the binary
-
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-@functools.cache
-def available() -> bool:
-    """Build (once) and load the op; False where it cannot run here (no AVX2/FMA, no compiler, a failed build)."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):  # torch's AVX2 level includes FMA
-        return False
-    if hasattr(torch.ops.sie_kernels, "tiled_linear"):
-        return True
-    try:
-        from torch.utils.cpp_extension import load
-
-        _put_ninja_on_path()
-        build = _build_dir()
-        build.mkdir(parents=True, exist_ok=True)
-        load(name="sie_tiled_linear", sources=[str(SOURCE)], extra_cflags=_CFLAGS,
-             extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
-    except Exception as exc:  # a box without a compiler or ninja: the engine keeps MKL/oneDNN
-        log.warning("tiled linear kernel unavailable (%s); using MKL/oneDNN", exc)
-        return False
-    return hasattr(torch.ops.sie_kernels, "tiled_linear")
 
 
 class TiledWeight:
@@ -105,7 +55,3 @@ def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None
         out += bias
     return out.view(*x.shape[:-1], weight.out_features)
 
-
-if __name__ == "__main__":  # `make install`: build the op ahead, so the first model load does not wait for it
-    logging.basicConfig(level=logging.INFO)
-    print(f"tiled linear kernel: {'built' if available() else 'unavailable'} ({_build_dir()})")

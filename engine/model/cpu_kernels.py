@@ -1,0 +1,72 @@
+"""Our C++ CPU ops (engine/model/kernels/), one extension `sie_kernels`: the tiled fp32 linear
+(engine.model.tiled_linear) and the causal prefill attention (engine.model.attention).
+
+The extension is compiled once per torch version and source (torch.utils.cpp_extension, about 40 s), cached under
+`SIE_KERNEL_CACHE` (default ~/.cache/sie-kernels); `make install` and the Triton image build it ahead
+(`python -m engine.model.cpu_kernels`). Where no compiler or no AVX2 is there, `available()` is False and the engine
+keeps torch's own ops (MKL/oneDNN linears, SDPA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "causal_attention.cpp"]
+HEADERS = [KERNELS / "causal_attention_body.h"]  # part of the cache key, not compiled on their own
+
+_CFLAGS = ["-O3", "-fopenmp"]  # -fopenmp: at::parallel_for is inline OpenMP; without it the ops run on one thread
+
+
+def _build_dir() -> Path:
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(_CFLAGS).encode())
+    root = Path(os.environ.get("SIE_KERNEL_CACHE") or Path.home() / ".cache" / "sie-kernels")
+    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info.major}{sys.version_info.minor}"
+    return root / f"{tag}-{digest.hexdigest()[:12]}"
+
+
+def _put_ninja_on_path() -> None:
+    """cpp_extension runs `ninja` from PATH; tritonserver's stubs may not have the venv's bin there."""
+    if shutil.which("ninja"):
+        return
+    with contextlib.suppress(ImportError):
+        import ninja  # the PyPI wheel (an `engine` dependency) carries the binary
+
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@functools.cache
+def available() -> bool:
+    """Build (once) and load the ops; False where they cannot run here (no AVX2/FMA, no compiler, a failed build)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):  # torch's AVX2 level includes FMA
+        return False
+    if hasattr(torch.ops.sie_kernels, "causal_attention"):
+        return True
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        build = _build_dir()
+        build.mkdir(parents=True, exist_ok=True)
+        load(name="sie_kernels", sources=[str(p) for p in SOURCES], extra_cflags=_CFLAGS,
+             extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
+    except Exception as exc:  # a box without a compiler or ninja: the engine keeps torch's own ops
+        log.warning("our CPU kernels are unavailable (%s); using torch's MKL/oneDNN linears and SDPA", exc)
+        return False
+    return hasattr(torch.ops.sie_kernels, "causal_attention")
+
+
+if __name__ == "__main__":  # `make install`: build the ops ahead, so the first model load does not wait for them
+    logging.basicConfig(level=logging.INFO)
+    print(f"CPU kernels: {'built' if available() else 'unavailable'} ({_build_dir()})")

@@ -1,0 +1,114 @@
+"""engine.model.attention: our causal prefill attention kernel agrees with SDPA, and a query's output does not depend
+on the chunk it is in, the cached prefix, the batch or the ISA variant (bit for bit); through the decoder, a prompt
+gives the same logits whole, chunked, after a cached prefix or in a batch (a tiny random Llama, head_dim 64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model import cpu_kernels
+from engine.model.attention import chunk_attention, native_supported
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels cannot be built here")
+
+
+def _kernel(q, k, v, start, avx2=False):
+    return torch.ops.sie_kernels.causal_attention(q, k, v, start, q.shape[-1] ** -0.5, avx2)
+
+
+def _sdpa(q, k, v, start):
+    n, end = q.shape[0], start + q.shape[0]
+    mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None, :, :end], v[None, :, :end],
+                                         attn_mask=mask, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize(("n", "start", "heads", "kv_heads", "head_dim"), [
+    (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (200, 0, 9, 3, 64), (50, 93, 9, 3, 64),  # SmolLM2's shape
+    (1, 300, 9, 3, 64),  # one query after a long prefix
+    (70, 20, 4, 4, 128), (33, 5, 14, 2, 64),  # no GQA, head_dim 128; a group of 7
+])
+def test_kernel_matches_sdpa(n, start, heads, kv_heads, head_dim):
+    torch.manual_seed(0)
+    q = torch.randn(n, heads, head_dim)
+    k, v = torch.randn(kv_heads, start + n + 7, head_dim), torch.randn(kv_heads, start + n + 7, head_dim)
+    torch.testing.assert_close(_kernel(q, k, v, start), _sdpa(q, k, v, start), rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(chunk_attention(q, k, v, start, native=True), _sdpa(q, k, v, start),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_a_query_gives_the_same_bits_in_any_chunk_after_any_prefix_and_on_both_isas():
+    """Keys are walked in fixed blocks from position 0 and past a query's position add exact zeros: a prefix-cache
+    hit equals a miss, and the AVX2 variant equals the AVX-512 one."""
+    torch.manual_seed(0)
+    n = 181
+    q, k, v = torch.randn(n, 9, 64), torch.randn(3, n, 64), torch.randn(3, n, 64)
+    whole = _kernel(q, k, v, 0)
+    for start, end in [(0, 1), (0, 50), (50, 51), (50, 181), (17, 100), (180, 181)]:
+        assert torch.equal(_kernel(q[start:end], k, v, start), whole[start:end]), (start, end)
+    assert torch.equal(_kernel(q, k, v, 0, avx2=True), whole)
+    assert torch.equal(_kernel(q[60:], k, v, 60, avx2=True), whole[60:])
+
+
+def test_strided_queries_and_cache_views_are_read_in_place():
+    """The decoder passes q as a view of the fused QKV output and k/v as one slot of the cache."""
+    torch.manual_seed(0)
+    qkv = torch.randn(40, 15, 64)  # 9 query heads, then 3 key and 3 value heads
+    cache = torch.randn(2, 3, 64, 64)  # [slots, Hkv, max_len, D]
+    q = qkv[:, :9]
+    assert not q.is_contiguous()
+    torch.testing.assert_close(_kernel(q, cache[1], cache[0], 10), _sdpa(q.contiguous(), cache[1], cache[0], 10),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        _kernel(torch.randn(4, 4, 32), torch.randn(2, 4, 32), torch.randn(2, 4, 32), 0)
+    with pytest.raises(RuntimeError, match="keys 0..start"):
+        _kernel(torch.randn(4, 3, 64), torch.randn(1, 5, 64), torch.randn(1, 5, 64), 2)
+
+
+def test_native_only_where_it_runs(monkeypatch):
+    cpu = torch.device("cpu")
+    assert native_supported(torch.float32, cpu, 64) and native_supported(torch.float32, cpu, 128)
+    assert not native_supported(torch.bfloat16, cpu, 64)
+    assert not native_supported(torch.float32, cpu, 80)
+    assert not native_supported(torch.float32, torch.device("meta"), 64)
+    monkeypatch.setenv("SIE_PREFILL_ATTENTION", "sdpa")
+    assert not native_supported(torch.float32, cpu, 64)
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=256,
+                         architectures=["LlamaForCausalLM"])
+    return LlamaForCausalLM(config).eval()
+
+
+@torch.inference_mode()
+def test_decoder_prefill_is_the_same_whole_chunked_cached_or_batched(monkeypatch):
+    """With the tiled linears (row-invariant too) every op of the forward is: the bits cannot depend on the
+    chunking, the prefix cache or the batch."""
+    from engine.model.decoder import Decoder
+
+    monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
+    model = _tiny_llama()
+    dec = Decoder(model, max_len=256)
+    assert dec.native_attention and dec.linear_kind == "tiled"
+    cache = dec.new_cache(3, 256)
+    prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    whole = dec.prefill(cache, 0, prompt, 0)
+    torch.testing.assert_close(whole, model(torch.tensor([prompt])).logits[0, -1], rtol=1e-4, atol=1e-4)
+    dec.prefill(cache, 1, prompt[:64], 0)  # chunked, as the scheduler's prefill budget does
+    dec.prefill(cache, 1, prompt[64:128], 64)
+    assert torch.equal(dec.prefill(cache, 1, prompt[128:], 128), whole)
+    other = prompt[:20]
+    batch = dec.prefill_batch(cache, [1, 2], [prompt[100:], other], starts=[100, 0])  # slot 1 holds 0..99
+    assert torch.equal(batch[0], whole)
+    assert torch.equal(batch[1], dec.prefill(cache, 0, other, 0))
