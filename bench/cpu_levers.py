@@ -110,23 +110,7 @@ def _best_run(fwd, b, steps, reps, **kw) -> tuple[float, list[list[int]]]:
 
 def _static_decode(runner: ModelRunner, token_t: torch.Tensor, pos_t: torch.Tensor, span: int) -> torch.Tensor:
     """The decoder's decode with tensor inputs and a fixed span, so one graph serves every step of a bucket."""
-    fwd, cache = runner.decoder, runner.cache
-    b = token_t.shape[0]
-    rows = torch.arange(b)
-    h = fwd.embed[token_t]
-    group = fwd.n_heads // fwd.n_kv
-    mask = (torch.arange(span)[None, :] <= pos_t[:, None])[:, None, None, :]
-    kc, vc = cache.k, cache.v
-    rope = fwd._rope_at(pos_t)
-    for i, w in enumerate(fwd.layers):
-        q, k, v = fwd._qkv(w, forward_module._rms_norm(h, w.input_norm, fwd.eps), rope, None, i)
-        kc[i, rows, :, pos_t] = k
-        vc[i, rows, :, pos_t] = v
-        attn = F.scaled_dot_product_attention(q.view(b, fwd.n_kv, group, fwd.head_dim), kc[i, :b, :, :span],
-                                              vc[i, :b, :, :span], attn_mask=mask)
-        h = h + fwd._o_proj(w, attn.reshape(b, -1), None, i)
-        h = h + fwd._mlp(w, h, None, i)
-    return fwd.logits(fwd._final_norm(h))
+    return runner.decoder.logits(runner.decoder.decode_hidden(runner.cache, token_t, pos_t, span))
 
 
 def _compiled_step(fwd: ModelRunner, bucket: int):

@@ -23,10 +23,12 @@ import torch
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "causal_attention.cpp"]
-HEADERS = [KERNELS / "causal_attention_body.h"]  # part of the cache key, not compiled on their own
+SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "causal_attention.cpp", KERNELS / "layer_ops.cpp"]
+HEADERS = sorted(KERNELS.glob("*.h"))  # part of the cache key, not compiled on their own
 
-_CFLAGS = ["-O3", "-fopenmp"]  # -fopenmp: at::parallel_for is inline OpenMP; without it the ops run on one thread
+# -fopenmp: at::parallel_for is inline OpenMP, without it the ops run on one thread. -ffp-contract=off: a written
+# mul and add stay two roundings (RoPE matches torch bit for bit), never fused into an FMA behind our back.
+_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 
 
 def _build_dir() -> Path:
@@ -51,7 +53,7 @@ def available() -> bool:
     """Build (once) and load the ops; False where they cannot run here (no AVX2/FMA, no compiler, a failed build)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):  # torch's AVX2 level includes FMA
         return False
-    if hasattr(torch.ops.sie_kernels, "causal_attention"):
+    if hasattr(torch.ops.sie_kernels, "silu_mul"):
         return True
     try:
         from torch.utils.cpp_extension import load
@@ -64,7 +66,7 @@ def available() -> bool:
     except Exception as exc:  # a box without a compiler or ninja: the engine keeps torch's own ops
         log.warning("our CPU kernels are unavailable (%s); using torch's MKL/oneDNN linears and SDPA", exc)
         return False
-    return hasattr(torch.ops.sie_kernels, "causal_attention")
+    return hasattr(torch.ops.sie_kernels, "silu_mul")
 
 
 if __name__ == "__main__":  # `make install`: build the ops ahead, so the first model load does not wait for them

@@ -14,6 +14,7 @@ per-head q/k RMSNorm), which covers the served models; others, and features the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from engine.model.attention import chunk_attention, native_supported
 from engine.model.kv_cache import KVCache
+from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
 from engine.model.lora import AdapterTable, LoraBatch
@@ -40,16 +42,6 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Weight
     down: Weight
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE in HF's form, x * cos + rotate_half(x) * sin, bit for bit: rotate_half's minus sign lives in the
-    `sin_signed` table, so swapping the halves is one flip, not a neg and a cat (decode is dispatch-bound)."""
-    return x * cos + x.unflatten(-1, (2, -1)).flip(-2).flatten(-2) * sin_signed
 
 
 def _fuse_linears(linears: list[torch.nn.Module], name: str = "weight") -> torch.Tensor:
@@ -96,6 +88,8 @@ class Decoder:
                                                                          first.down)]))
         self.hidden_size = config.hidden_size
         self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # prefill chunks
+        self.ops = LayerOps(LayerOps.native_supported(self.dtype, self.device, config.hidden_size,
+                                                      config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
         self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
         self.mlp_splits = [config.intermediate_size, config.intermediate_size]
@@ -168,28 +162,38 @@ class Decoder:
         d, nq, nk = self.head_dim, self.n_heads, self.n_kv
         v = x[:, (nq + nk) * d :].view(-1, nk, d)
         if w.q_norm is None:  # q and k side by side in x: one RoPE over both heads
-            qk = _rotate(x[:, : (nq + nk) * d].view(-1, nq + nk, d), *rope)
+            qk = self.ops.rope(x[:, : (nq + nk) * d].view(-1, nq + nk, d), *rope)
             return qk[:, :nq], qk[:, nq:], v
-        q = _rms_norm(x[:, : nq * d].view(-1, nq, d), w.q_norm, self.eps)
-        k = _rms_norm(x[:, nq * d : (nq + nk) * d].view(-1, nk, d), w.k_norm, self.eps)
-        return _rotate(q, *rope), _rotate(k, *rope), v
+        q = rms_norm(x[:, : nq * d].view(-1, nq, d), w.q_norm, self.eps)
+        k = rms_norm(x[:, nq * d : (nq + nk) * d].view(-1, nk, d), w.k_norm, self.eps)
+        return self.ops.rope(q, *rope), self.ops.rope(k, *rope), v
 
     def _o_proj(self, w: LayerWeights, attn: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
         out = linear(attn, w.o_proj)
         return lora.add(layer, "o_proj", attn, out, [out.shape[-1]]) if lora else out
 
-    def _mlp(self, w: LayerWeights, h: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
-        x = _rms_norm(h, w.post_norm, self.eps)
+    def _mlp(self, w: LayerWeights, x: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
+        """x: the post-attention-normed hidden states."""
         gate_up = linear(x, w.gate_up)
         if lora:
             gate_up = lora.add(layer, "gate_up", x, gate_up, self.mlp_splits)
-        gate, up = gate_up.chunk(2, dim=-1)
-        act = F.silu(gate) * up
+        act = self.ops.silu_mul(gate_up)
         out = linear(act, w.down)
         return lora.add(layer, "down", act, out, [out.shape[-1]]) if lora else out
 
-    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(h, self.final_norm, self.eps)
+    def _layers(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lora: LoraBatch | None,
+                attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Every decoder layer over the embeddings h [N, hidden] (a fresh tensor: the native ops update it in place).
+        `attend(layer, q, k, v)` writes the layer's k/v into the cache and returns the attention output [N, H*D].
+        Returns the final-normed hidden states [N, hidden]; each residual add is fused with the norm after it."""
+        ops, layers = self.ops, self.layers
+        normed = ops.norm(h, layers[0].input_norm)
+        for i, w in enumerate(layers):
+            q, k, v = self._qkv(w, normed, rope, lora, i)
+            h, normed = ops.add_norm(h, self._o_proj(w, attend(i, q, k, v), lora, i), w.post_norm)
+            after = layers[i + 1].input_norm if i + 1 < len(layers) else self.final_norm
+            h, normed = ops.add_norm(h, self._mlp(w, normed, lora, i), after)
+        return normed
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """The LM head on final-normed hidden states [N, hidden] -> [N, V] float32 logits."""
@@ -203,17 +207,16 @@ class Decoder:
         n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
-        h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None else embeds.to(self.device)
+        h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None \
+            else embeds.to(self.device, copy=True)
         kc, vc = cache.k, cache.v
-        rope = self._rope_at(positions)
-        for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kc[i, slot, :, start:end] = k.transpose(0, 1)
             vc[i, slot, :, start:end] = v.transpose(0, 1)
-            attn = chunk_attention(q, kc[i, slot], vc[i, slot], start, self.native_attention)
-            h = h + self._o_proj(w, attn.reshape(n, -1), lora, i)
-            h = h + self._mlp(w, h, lora, i)
-        return self.logits(self._final_norm(h[-1:]))[0]
+            return chunk_attention(q, kc[i, slot], vc[i, slot], start, self.native_attention).reshape(n, -1)
+
+        return self.logits(self._layers(h, self._rope_at(positions), lora, attend)[-1:])[0]
 
     @torch.inference_mode()
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
@@ -244,8 +247,8 @@ class Decoder:
         token_slots, token_positions = slot_index.repeat_interleave(longest)[real], positions.reshape(-1)[real]
         kc, vc = cache.k, cache.v
         rope = self._rope_at(positions.reshape(-1).clamp(max=cache.max_len - 1))  # a pad may run past the cache
-        for i, w in enumerate(self.layers):
-            q, kk, vv = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
+
+        def attend(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
             kc[i, token_slots, :, token_positions] = kk[real]
             vc[i, token_slots, :, token_positions] = vv[real]
             q = q.view(k, longest, self.n_heads, self.head_dim)
@@ -258,10 +261,10 @@ class Decoder:
                 attn = F.scaled_dot_product_attention(q.transpose(1, 2), kc[i, slot_index, :, :span],
                                                       vc[i, slot_index, :, :span], attn_mask=mask,
                                                       enable_gqa=True).transpose(1, 2)
-            h = h + self._o_proj(w, attn.reshape(k * longest, -1), lora, i)
-            h = h + self._mlp(w, h, lora, i)
-        last = h.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1]
-        return self.logits(self._final_norm(last))
+            return attn.reshape(k * longest, -1)
+
+        normed = self._layers(h, rope, lora, attend)
+        return self.logits(normed.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1])
 
     def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
                       lora: LoraBatch | None = None, masked: bool = True) -> torch.Tensor:
@@ -276,18 +279,13 @@ class Decoder:
         mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
             if masked else None
         kc, vc = cache.k, cache.v
-        rope = self._rope_at(positions_t)
-        for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, _rms_norm(h, w.input_norm, self.eps), rope, lora, i)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kc[i, rows, :, positions_t] = k
             vc[i, rows, :, positions_t] = v
             # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
-            attn = F.scaled_dot_product_attention(
-                q.view(b, self.n_kv, group, self.head_dim),
-                kc[i, :b, :, :span],
-                vc[i, :b, :, :span],
-                attn_mask=mask,
-            )
-            h = h + self._o_proj(w, attn.reshape(b, -1), lora, i)
-            h = h + self._mlp(w, h, lora, i)
-        return self._final_norm(h)
+            attn = F.scaled_dot_product_attention(q.view(b, self.n_kv, group, self.head_dim), kc[i, :b, :, :span],
+                                                  vc[i, :b, :, :span], attn_mask=mask)
+            return attn.reshape(b, -1)
+
+        return self._layers(h, self._rope_at(positions_t), lora, attend)

@@ -36,34 +36,14 @@ struct Args {
   float scale;
 };
 
-}  // namespace
-
-#define SIE_ISA avx512
-#define SIE_VEC_BITS 512
-#define SIE_TARGET __attribute__((target("avx512f")))
-#include "causal_attention_body.h"
-#undef SIE_ISA
-#undef SIE_VEC_BITS
-#undef SIE_TARGET
-
-#define SIE_ISA avx2
-#define SIE_VEC_BITS 256
-#define SIE_TARGET __attribute__((target("avx2,fma")))
-#include "causal_attention_body.h"
-#undef SIE_ISA
-#undef SIE_VEC_BITS
-#undef SIE_TARGET
-
-namespace {
+#define SIE_BODY "causal_attention_body.h"
+#include "isa_variants.h"
+#undef SIE_BODY
 
 constexpr int64_t kBlockRows = 48;  // query rows (position x head of the group) per work item
 
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
-
-// q [n, Hq, D] (head and feature strides contiguous, D a multiple of 64: the output blocks' width), k and v [Hkv, >= start+n, D] (feature stride 1) -> [n, Hq, D].
+// q [n, Hq, D] (head and feature strides contiguous; D a multiple of 64, the output blocks' width), k and v
+// [Hkv, >= start+n, D] (feature stride 1) -> [n, Hq, D].
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
                             double scale, bool avx2) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention: q [n, Hq, D], k/v [Hkv, L, D]");
