@@ -23,6 +23,7 @@ from engine.model.loading import load_model
 from engine.model.lora import load_adapters
 from engine.model.selection import build_decoder
 from engine.request import EngineRequest, RequestOutput
+from engine.runner.host_memory import keep_freed_memory
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.grammar import GrammarCompilerCache
 from engine.sampling.sampler import Sampler
@@ -90,6 +91,8 @@ class LLMEngine:
         self.config = config
         on_gpu = config.device.startswith("cuda")
         threads = config.threads or (CUDA_HOST_THREADS if on_gpu else None) or torch.get_num_threads()
+        if not on_gpu:
+            keep_freed_memory()  # a CPU forward's activations reuse mapped pages (engine.runner.host_memory)
         with _one_thread_here_then(threads):  # the forwards run on the loop thread's own OpenMP team
             self._build(config, loaded, on_gpu)
         self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
