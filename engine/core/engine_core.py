@@ -77,9 +77,10 @@ class EngineCore:
             embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
             if embeds is not None:
                 embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
+            last = group.prefilled + len(chunk) == len(prompt)
             try:
-                logits = self.runner.prefill(parent.slot, chunk, group.prefilled,
-                                             adapter=group.params.lora_adapter, embeds=embeds)
+                fill = self.runner.prefill if last else self.runner.prefill_part  # only the last chunk samples
+                logits = fill(parent.slot, chunk, group.prefilled, adapter=group.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
                 log.exception("prefill failed for %s", group.request.request_id)
                 sched.abort(group, "error", request_error(exc, "prefill"))
@@ -87,7 +88,8 @@ class EngineCore:
             group.prefilled += len(chunk)
             parent.kv_len = group.prefilled
             budget -= len(chunk)
-            if group.prefilled == len(prompt):
+            if last:
+                assert logits is not None
                 sched.slots.prefilling = None
                 sched.cache_prompt(group)
                 rows = sched.place(group)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.model.attention import chunk_attention, native_supported
+from engine.model.attention import chunk_attention, decode_attention, native_supported
 from engine.model.kv_cache import KVCache
 from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
@@ -87,7 +87,7 @@ class Decoder:
         self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
                                                                          first.down)]))
         self.hidden_size = config.hidden_size
-        self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # prefill chunks
+        self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # our attention kernels
         self.ops = LayerOps(LayerOps.native_supported(self.dtype, self.device, config.hidden_size,
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
@@ -201,9 +201,9 @@ class Decoder:
 
     @torch.inference_mode()
     def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora: LoraBatch | None = None,
-                embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V].
-        `lora`: one row per token of the chunk."""
+                embeds: torch.Tensor | None = None, sample: bool = True) -> torch.Tensor | None:
+        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V], or None when
+        not `sample` (a chunk before the prompt's last: no LM head). `lora`: one row per token of the chunk."""
         n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
@@ -216,7 +216,8 @@ class Decoder:
             vc[i, slot, :, start:end] = v.transpose(0, 1)
             return chunk_attention(q, kc[i, slot], vc[i, slot], start, self.native_attention).reshape(n, -1)
 
-        return self.logits(self._layers(h, self._rope_at(positions), lora, attend)[-1:])[0]
+        normed = self._layers(h, self._rope_at(positions), lora, attend)
+        return self.logits(normed[-1:])[0] if sample else None
 
     @torch.inference_mode()
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
@@ -281,6 +282,8 @@ class Decoder:
         kc, vc = cache.k, cache.v
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if self.native_attention:  # writes k/v too; each row's own prefix, the bits its prefill would give
+                return decode_attention(q, k, v, kc[i], vc[i], positions_t).reshape(b, -1)
             kc[i, rows, :, positions_t] = k
             vc[i, rows, :, positions_t] = v
             # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]

@@ -237,6 +237,7 @@ class TransformersDecoder:
         with self.hf_attention():
             expected = self.model(ids[None], use_cache=False).logits[0, -1].float()
         ours = self.prefill(self.new_cache(1, len(ids)), 0, ids.tolist(), 0)
+        assert ours is not None
         if not torch.allclose(ours, expected, atol=1e-3 * max(1.0, expected.abs().max().item()), rtol=1e-3):
             raise ValueError(f"{type(self.model).__name__}: the transformers path's logits differ from the model's "
                              "own forward (its head post-processes logits in a way this path does not know)")
@@ -266,15 +267,16 @@ class TransformersDecoder:
 
     @torch.inference_mode()
     def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora: list[str] | None = None,
-                embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+                embeds: torch.Tensor | None = None, sample: bool = True) -> torch.Tensor | None:
+        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V], or None when
+        not `sample` (no LM head)."""
         n = len(token_ids)
         ids = stage(token_ids, torch.long, self.device)
         positions = torch.arange(start, start + n, device=self.device)
         slots = torch.full((n,), slot, dtype=torch.long, device=self.device)
         step = AttentionStep(cache, slots, positions, [Segment(slot, start, n, 0)])
         hidden = self._hidden(ids, step, embeds.to(self.device) if embeds is not None else None, lora)
-        return self.logits(hidden[-1:])[0]
+        return self.logits(hidden[-1:])[0] if sample else None
 
     @torch.inference_mode()
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],

@@ -42,8 +42,19 @@ class ModelRunner:
     def prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
                 embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run `token_ids` for one slot from position `start`; returns logits of the last token [V]."""
+        logits = self._prefill(slot, token_ids, start, adapter, embeds, sample=True)
+        assert logits is not None
+        return logits
+
+    def prefill_part(self, slot: int, token_ids: list[int], start: int, adapter: str | None = None,
+                     embeds: torch.Tensor | None = None) -> None:
+        """`prefill` of a chunk that does not end its prompt: K/V only, no LM head (nothing samples from it)."""
+        self._prefill(slot, token_ids, start, adapter, embeds, sample=False)
+
+    def _prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None, embeds: torch.Tensor | None,
+                 sample: bool) -> torch.Tensor | None:
         lora = self._lora([adapter] * len(token_ids)) if adapter else None  # every token runs on the adapter
-        return self.decoder.prefill(self.cache, slot, token_ids, start, lora, embeds)
+        return self.decoder.prefill(self.cache, slot, token_ids, start, lora, embeds, sample)
 
     def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None],
                       starts: list[int] | None = None) -> torch.Tensor:

@@ -39,6 +39,25 @@ SIE_TARGET inline void values_block(const float* p, int64_t ldp, const float* v,
     for (int j = 0; j < CV; ++j) acc[i][j].store(o + i * ldo + 16 * j);
 }
 
+// A row of scores becomes exp(s - max) over keys 0..valid-1 and exact zeros from there to key_end (rounded up to
+// 16); returns the row's sum, folded from 16 lanes that each add their keys in order from key 0.
+SIE_TARGET inline float softmax_row(float* row, int64_t valid, int64_t key_end) {
+  Vec16 m = Vec16::set1(-INFINITY);
+  for (int64_t key = 0; key < valid; key += 16) m = max(m, Vec16::load(row + key).below(key, valid, -INFINITY));
+  const Vec16 top = Vec16::set1(fold_max(m));
+  Vec16 sum = Vec16::zero();
+  for (int64_t key = 0; key < key_end; key += 16) {
+    const Vec16 e = exp(Vec16::load(row + key) - top).below(key, valid, 0.0f);
+    e.store(row + key);
+    sum = sum + e;
+  }
+  return fold_add(sum);
+}
+
+SIE_TARGET inline void divide_row(const float* src, float denom, int64_t d, float* dst) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = src[i] / denom;
+}
+
 // One query block of one KV head: rows are (position, query head of the group) pairs, `rows` of them (a multiple of
 // RB, padded with zero queries), the last real one at `rows_real`. Scratch: q [rows, D], s [rows, ldk], o [rows, D].
 template <int RB, int KV, int CV>
@@ -67,32 +86,71 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
   // softmax over each row's own keys 0..position (the rest of the row becomes exact zeros)
   std::vector<float> denom(rows, 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * ldk;
-    if (r >= rows_real) {
-      std::fill(row, row + key_end, 0.0f);
-      continue;
-    }
-    const int64_t valid = a.start + first + r / G + 1;
-    Vec16 m = Vec16::set1(-INFINITY);
-    for (int64_t key = 0; key < valid; key += 16) m = max(m, Vec16::load(row + key).below(key, valid, -INFINITY));
-    const Vec16 top = Vec16::set1(fold_max(m));
-    Vec16 sum = Vec16::zero();
-    for (int64_t key = 0; key < key_end; key += 16) {
-      const Vec16 e = exp(Vec16::load(row + key) - top).below(key, valid, 0.0f);
-      e.store(row + key);
-      sum = sum + e;
-    }
-    denom[r] = fold_add(sum);
+    if (r >= rows_real)
+      std::fill(s + r * ldk, s + r * ldk + key_end, 0.0f);
+    else
+      denom[r] = softmax_row(s + r * ldk, a.start + first + r / G + 1, key_end);
   }
   const float* v = a.v + g * a.kv_head_stride;
   for (int64_t c = 0; c < D; c += 16 * CV)
     for (int64_t r = 0; r < rows; r += RB)
       values_block<RB, CV>(s + r * ldk, ldk, v + c, a.kv_row_stride, key_end, os + r * D + c, D);
-  for (int64_t r = 0; r < rows_real; ++r) {
-    float* dst = a.out + (first + r / G) * a.out_row_stride + (g * G + r % G) * D;
-    const float* src = os + r * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = src[d] / denom[r];
+  for (int64_t r = 0; r < rows_real; ++r)
+    divide_row(os + r * D, denom[r], D, a.out + (first + r / G) * a.out_row_stride + (g * G + r % G) * D);
+}
+
+// Rows 0..rows-1 of `scores_block` / `values_block` in register blocks of 3 (a GQA group of 3, or 6 or 9, takes
+// no remainder), then the rest one by one. Each output element is the same FMA chain whatever block computes it.
+template <int KV>
+SIE_TARGET inline void scores_rows(const float* q, int64_t rows, int64_t D, const float* kt, int64_t ldkt, float* s,
+                                   int64_t lds) {
+  int64_t r = 0;
+  for (; r + 3 <= rows; r += 3) scores_block<3, KV>(q + r * D, D, kt, ldkt, s + r * lds, lds);
+  for (; r < rows; ++r) scores_block<1, KV>(q + r * D, D, kt, ldkt, s + r * lds, lds);
+}
+
+template <int CV>
+SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, const float* v, int64_t ldv,
+                                   int64_t keys, float* o, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + 3 <= rows; r += 3) values_block<3, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo);
+  for (; r < rows; ++r) values_block<1, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo);
+}
+
+// Decode: row b's query heads of KV head g, at position p = positions[b], against keys 0..p of slot b, after
+// writing the row's new key and value there. Each 64-key tile of K is transposed into a small buffer, so a score
+// is the same FMA chain as in attend_block, and so is everything after it: a token's attention output has the
+// same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64].
+template <int KV, int CV>
+SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs, float* s, float* os, float* tile) {
+  constexpr int64_t kTileKeys = 64;
+  const int64_t G = a.group, D = a.head_dim, p = a.positions[b];
+  float* kc = a.k_cache + b * a.slot_stride + g * a.head_stride;
+  float* vc = a.v_cache + b * a.slot_stride + g * a.head_stride;
+  std::copy_n(a.k_new + b * a.k_row_stride + g * D, D, kc + p * a.pos_stride);
+  std::copy_n(a.v_new + b * a.v_row_stride + g * D, D, vc + p * a.pos_stride);
+  for (int64_t r = 0; r < G; ++r) {
+    const float* src = a.q + b * a.q_row_stride + (g * G + r) * D;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * a.scale;
   }
+  const int64_t keys = p + 1, lds = round_up(keys, kTileKeys);
+  for (int64_t key = 0; key < keys; key += kTileKeys) {
+    if (key + kTileKeys <= keys) {
+      for (int64_t i = 0; i < kTileKeys; i += 16)
+        for (int64_t d = 0; d < D; d += 16)
+          transpose16x16(kc + (key + i) * a.pos_stride + d, a.pos_stride, tile + d * kTileKeys + i, kTileKeys);
+    } else {
+      for (int64_t i = 0; i < kTileKeys; ++i) {  // the last tile: keys past the last read it again (masked later)
+        const float* row = kc + std::min(key + i, keys - 1) * a.pos_stride;
+        for (int64_t d = 0; d < D; ++d) tile[d * kTileKeys + i] = row[d];
+      }
+    }
+    for (int64_t i = 0; i < kTileKeys; i += 16 * KV) scores_rows<KV>(qs, G, D, tile + i, kTileKeys, s + key + i, lds);
+  }
+  std::vector<float> denom(G);
+  for (int64_t r = 0; r < G; ++r) denom[r] = softmax_row(s + r * lds, keys, keys);
+  for (int64_t c = 0; c < D; c += 16 * CV) values_rows<CV>(s, G, lds, vc + c, a.pos_stride, keys, os + c, D);
+  for (int64_t r = 0; r < G; ++r) divide_row(os + r * D, denom[r], D, a.out + b * a.out_row_stride + (g * G + r) * D);
 }
 
 }  // namespace SIE_ISA

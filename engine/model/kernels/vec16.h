@@ -14,6 +14,10 @@ struct Vec16 {
   SIE_TARGET static Vec16 zero() { return {_mm512_setzero_ps()}; }
   SIE_TARGET static Vec16 set1(float x) { return {_mm512_set1_ps(x)}; }
   SIE_TARGET static Vec16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  // lane i reads p[offsets[i]]
+  SIE_TARGET static Vec16 gather(const float* p, const int32_t* offsets) {
+    return {_mm512_i32gather_ps(_mm512_loadu_si512(offsets), p, 4)};
+  }
   SIE_TARGET void store(float* p) const { _mm512_storeu_ps(p, v); }
   SIE_TARGET friend Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   SIE_TARGET friend Vec16 fnmadd(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
@@ -44,6 +48,11 @@ struct Vec16 {
   SIE_TARGET static Vec16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   SIE_TARGET static Vec16 set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
   SIE_TARGET static Vec16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  SIE_TARGET static Vec16 gather(const float* p, const int32_t* offsets) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + 8));
+    return {_mm256_i32gather_ps(p, lo, 4), _mm256_i32gather_ps(p, hi, 4)};
+  }
   SIE_TARGET void store(float* p) const { _mm256_storeu_ps(p, lo), _mm256_storeu_ps(p + 8, hi); }
   SIE_TARGET friend Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -78,6 +87,41 @@ struct Vec16 {
     return {_mm256_blendv_ps(f, lo, m_lo), _mm256_blendv_ps(f, hi, m_hi)};
   }
 };
+#endif
+
+#if SIE_VEC_BITS == 512
+// dst[j][i] = src[i][j] for a 16 x 16 block (rows ld apart): unpacks, then 128-bit lane shuffles, in registers.
+SIE_TARGET inline void transpose16x16(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ld_src);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ld_dst, r[i]);
+}
+#else
+SIE_TARGET inline void transpose16x16(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+}
 #endif
 
 // exp(x): Cephes' expf, 2^n * p(r) with r = x - n ln2, about 1 ulp. x is clamped to [-87, 88], where 2^n stays in

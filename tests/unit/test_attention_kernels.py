@@ -1,6 +1,7 @@
-"""engine.model.attention: our causal prefill attention kernel agrees with SDPA, and a query's output does not depend
-on the chunk it is in, the cached prefix, the batch or the ISA variant (bit for bit); through the decoder, a prompt
-gives the same logits whole, chunked, after a cached prefix or in a batch (a tiny random Llama, head_dim 64)."""
+"""engine.model.attention: our causal attention kernels (a prefill chunk, a decode step) agree with SDPA, and a
+query's output does not depend on the chunk it is in, the cached prefix, the batch, the ISA variant or whether a
+prefill or a decode step computes it (bit for bit); through the decoder, a prompt gives the same logits whole,
+chunked, after a cached prefix, in a batch or token by token (a tiny random Llama, head_dim 64)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import cpu_kernels
-from engine.model.attention import chunk_attention, native_supported
+from engine.model.attention import chunk_attention, decode_attention, native_supported
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels cannot be built here")
 
@@ -64,11 +65,48 @@ def test_strided_queries_and_cache_views_are_read_in_place():
                                rtol=1e-5, atol=2e-6)
 
 
+def _decode_case(seed=0):
+    torch.manual_seed(seed)
+    positions = torch.tensor([0, 40, 17, 63, 150, 199])  # whole 64-key tiles, a partial one, the cache's end
+    q, k, v = torch.randn(6, 9, 64), torch.randn(6, 3, 64), torch.randn(6, 3, 64)
+    k_cache, v_cache = torch.randn(7, 3, 200, 64), torch.randn(7, 3, 200, 64)  # [slots, Hkv, L, D]
+    return q, k, v, k_cache, v_cache, positions
+
+
+def test_decode_writes_each_rows_key_and_value_then_matches_sdpa():
+    q, k, v, k_cache, v_cache, positions = _decode_case()
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for b, p in enumerate(positions.tolist()):
+        expected_k[b, :, p], expected_v[b, :, p] = k[b], v[b]
+    out = decode_attention(q, k, v, k_cache, v_cache, positions)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)  # slot 6 (no row) untouched
+    for b, p in enumerate(positions.tolist()):
+        ref = _sdpa(q[b : b + 1], k_cache[b, :, : p + 1], v_cache[b, :, : p + 1], p)
+        torch.testing.assert_close(out[b : b + 1], ref, rtol=1e-5, atol=2e-6)
+
+
+def test_a_decode_step_gives_the_bits_the_prefill_gives_and_so_does_avx2():
+    q, k, v, k_cache, v_cache, positions = _decode_case()
+    out = decode_attention(q, k, v, k_cache, v_cache, positions)
+    again = torch.ops.sie_kernels.decode_attention(q, k, v, k_cache.clone(), v_cache.clone(), positions, 0.125, True)
+    assert torch.equal(again, out)
+    for b, p in enumerate(positions.tolist()):
+        queries = torch.randn(p + 1, 9, 64)
+        queries[p] = q[b]  # the prefill of the whole slot, this row's query last
+        assert torch.equal(_kernel(queries, k_cache[b], v_cache[b], 0)[p], out[b]), b
+        assert torch.equal(_kernel(q[b : b + 1], k_cache[b], v_cache[b], p)[0], out[b]), b
+
+
 def test_bad_shapes_are_refused():
+    q, k, v, k_cache, v_cache, positions = _decode_case()
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        decode_attention(q, k, v, k_cache, v_cache, positions + 1)
     with pytest.raises(RuntimeError, match="multiple of 64"):
         _kernel(torch.randn(4, 4, 32), torch.randn(2, 4, 32), torch.randn(2, 4, 32), 0)
     with pytest.raises(RuntimeError, match="keys 0..start"):
         _kernel(torch.randn(4, 3, 64), torch.randn(1, 5, 64), torch.randn(1, 5, 64), 2)
+    with pytest.raises(RuntimeError, match="a slot per row"):
+        decode_attention(q, k, v, k_cache[:4], v_cache[:4], positions)
 
 
 def test_native_only_where_it_runs(monkeypatch):
@@ -77,7 +115,7 @@ def test_native_only_where_it_runs(monkeypatch):
     assert not native_supported(torch.bfloat16, cpu, 64)
     assert not native_supported(torch.float32, cpu, 80)
     assert not native_supported(torch.float32, torch.device("meta"), 64)
-    monkeypatch.setenv("SIE_PREFILL_ATTENTION", "sdpa")
+    monkeypatch.setenv("SIE_ATTENTION", "sdpa")
     assert not native_supported(torch.float32, cpu, 64)
 
 
@@ -92,7 +130,7 @@ def _tiny_llama():
 
 
 @torch.inference_mode()
-def test_decoder_prefill_is_the_same_whole_chunked_cached_or_batched(monkeypatch):
+def test_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch):
     """With the tiled linears (row-invariant too) every op of the forward is: the bits cannot depend on the
     chunking, the prefix cache or the batch."""
     from engine.model.decoder import Decoder
@@ -112,3 +150,10 @@ def test_decoder_prefill_is_the_same_whole_chunked_cached_or_batched(monkeypatch
     batch = dec.prefill_batch(cache, [1, 2], [prompt[100:], other], starts=[100, 0])  # slot 1 holds 0..99
     assert torch.equal(batch[0], whole)
     assert torch.equal(batch[1], dec.prefill(cache, 0, other, 0))
+    # token by token: decoding the prompt's last token after its prefix gives the whole prompt's logits
+    dec.prefill(cache, 0, prompt[:-1], 0)
+    dec.prefill(cache, 1, other, 0)
+    tokens, positions = torch.tensor([prompt[-1], 7]), torch.tensor([len(prompt) - 1, len(other)])
+    stepped = dec.logits(dec.decode_hidden(cache, tokens, positions, span=len(prompt)))
+    assert torch.equal(stepped[0], whole)
+    assert torch.equal(stepped[1], dec.prefill(cache, 2, [*other, 7], 0))
