@@ -1,5 +1,6 @@
 """Our C++ CPU ops (engine/model/kernels/), one extension `sie_kernels`: the tiled fp32 linear
-(engine.model.tiled_linear) and the causal prefill attention (engine.model.attention).
+(engine.model.tiled_linear), causal attention for prefill and decode (engine.model.attention) and the fused layer
+ops (engine.model.layer_ops).
 
 The extension is compiled once per torch version and source (torch.utils.cpp_extension, about 40 s), cached under
 `SIE_KERNEL_CACHE` (default ~/.cache/sie-kernels); `make install` and the Triton image build it ahead

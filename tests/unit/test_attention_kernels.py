@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from engine.model import cpu_kernels
 from engine.model.attention import chunk_attention, decode_attention, native_supported
+from tests.unit.tiny_models import tiny_llama
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels cannot be built here")
 
@@ -120,13 +121,9 @@ def test_native_only_where_it_runs(monkeypatch):
 
 
 def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=256,
-                         architectures=["LlamaForCausalLM"])
-    return LlamaForCausalLM(config).eval()
+    # head_dim 64 (our attention kernels' multiple) and a GQA group of 3, as SmolLM2
+    return tiny_llama(hidden_size=192, intermediate_size=256, num_attention_heads=3, num_key_value_heads=1,
+                      max_position_embeddings=256)
 
 
 @torch.inference_mode()

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engine.model import linear_kernels, tiled_linear
 from engine.model.linear_kernels import choose_kind, linear, pack
 from engine.model.tiled_linear import TiledWeight
+from tests.unit.tiny_models import tiny_llama
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -99,16 +100,6 @@ def test_measure_times_every_path_this_box_runs():
     assert set(times) == expected and all(0 < t < 10 for t in times.values())
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         architectures=["LlamaForCausalLM"])
-    return LlamaForCausalLM(config).eval()
-
-
 @torch.inference_mode()
 @pytest.mark.parametrize("kind", ["mkl", "dnnl", pytest.param("tiled", marks=needs_tiled)])
 def test_forward_with_each_kind_matches_hf(monkeypatch, kind):
@@ -116,7 +107,7 @@ def test_forward_with_each_kind_matches_hf(monkeypatch, kind):
     from engine.runner.model_runner import ModelRunner
 
     monkeypatch.setenv("SIE_LINEAR_KERNEL", kind)
-    model = _tiny_llama()
+    model = tiny_llama()
     decoder = Decoder(model, max_len=64)
     assert decoder.linear_kind == kind
     layouts = {"mkl": torch.Tensor, "dnnl": torch.Tensor, "tiled": TiledWeight}
