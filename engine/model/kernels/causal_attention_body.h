@@ -2,41 +2,38 @@
 
 namespace SIE_ISA {
 
-// S[RB rows, 16*KV keys] = Q[RB, D] . KT[D, keys]: one FMA per (row, key, d), in d order.
-template <int RB, int KV>
-SIE_TARGET inline void scores_block(const float* q, int64_t D, const float* kt, int64_t ldkt, float* s, int64_t lds) {
-  Vec16 acc[RB][KV];
+// out[RB, 16*W] = a[RB, k] . b[k, 16*W]: the register block of both halves of attention, one FMA per output
+// element and step of k, in k order. Scores: a = the scaled queries, b = the transposed keys (k = d). Outputs: a =
+// the probabilities, b = the values (k = keys).
+template <int RB, int W>
+SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* out,
+                                  int64_t ldo) {
+  Vec16 acc[RB][W];
   for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < KV; ++j) acc[i][j] = Vec16::zero();
-  for (int64_t d = 0; d < D; ++d) {
-    Vec16 kv[KV];
-    for (int j = 0; j < KV; ++j) kv[j] = Vec16::load(kt + d * ldkt + 16 * j);
+    for (int j = 0; j < W; ++j) acc[i][j] = Vec16::zero();
+  for (int64_t step = 0; step < k; ++step) {
+    Vec16 bv[W];
+    for (int j = 0; j < W; ++j) bv[j] = Vec16::load(b + step * ldb + 16 * j);
     for (int i = 0; i < RB; ++i) {
-      const Vec16 qb = Vec16::set1(q[i * D + d]);
-      for (int j = 0; j < KV; ++j) acc[i][j] = fmadd(qb, kv[j], acc[i][j]);
+      const Vec16 ab = Vec16::set1(a[i * lda + step]);
+      for (int j = 0; j < W; ++j) acc[i][j] = fmadd(ab, bv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < KV; ++j) acc[i][j].store(s + i * lds + 16 * j);
+    for (int j = 0; j < W; ++j) acc[i][j].store(out + i * ldo + 16 * j);
 }
 
-// O[RB rows, 16*CV columns] = P[RB, keys] . V[keys, columns]: one FMA per (row, column, key), in key order.
+// S[RB rows, 16*KV keys] = Q[RB, D] . KT[D, keys]
+template <int RB, int KV>
+SIE_TARGET inline void scores_block(const float* q, int64_t D, const float* kt, int64_t ldkt, float* s, int64_t lds) {
+  gemm_block<RB, KV>(q, D, kt, ldkt, D, s, lds);
+}
+
+// O[RB rows, 16*CV columns] = P[RB, keys] . V[keys, columns]
 template <int RB, int CV>
 SIE_TARGET inline void values_block(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys, float* o,
-                         int64_t ldo) {
-  Vec16 acc[RB][CV];
-  for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < CV; ++j) acc[i][j] = Vec16::zero();
-  for (int64_t k = 0; k < keys; ++k) {
-    Vec16 vv[CV];
-    for (int j = 0; j < CV; ++j) vv[j] = Vec16::load(v + k * ldv + 16 * j);
-    for (int i = 0; i < RB; ++i) {
-      const Vec16 pb = Vec16::set1(p[i * ldp + k]);
-      for (int j = 0; j < CV; ++j) acc[i][j] = fmadd(pb, vv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < CV; ++j) acc[i][j].store(o + i * ldo + 16 * j);
+                                    int64_t ldo) {
+  gemm_block<RB, CV>(p, ldp, v, ldv, keys, o, ldo);
 }
 
 // A row of scores becomes exp(s - max) over keys 0..valid-1 and exact zeros from there to key_end (rounded up to
