@@ -273,22 +273,25 @@ class Decoder:
         it): `span` cache positions are read, and each row attends to its own filled prefix only when `masked`.
         Returns the final-normed hidden states [B, hidden]; `logits` applies the LM head."""
         b = token_tensor.shape[0]
-        rows = torch.arange(b, device=self.device)
         h = self.embed[token_tensor]
-        group = self.n_heads // self.n_kv
-        # [B, 1, 1, span]: each row attends to its own filled prefix only
-        mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
-            if masked else None
         kc, vc = cache.k, cache.v
+        if self.native_attention:  # our kernel writes k/v too, and reads each row's own prefix: no mask to build
 
-        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if self.native_attention:  # writes k/v too; each row's own prefix, the bits its prefill would give
+            def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return decode_attention(q, k, v, kc[i], vc[i], positions_t).reshape(b, -1)
-            kc[i, rows, :, positions_t] = k
-            vc[i, rows, :, positions_t] = v
-            # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
-            attn = F.scaled_dot_product_attention(q.view(b, self.n_kv, group, self.head_dim), kc[i, :b, :, :span],
-                                                  vc[i, :b, :, :span], attn_mask=mask)
-            return attn.reshape(b, -1)
+        else:
+            rows = torch.arange(b, device=self.device)
+            group = self.n_heads // self.n_kv
+            # [B, 1, 1, span]: each row attends to its own filled prefix only
+            mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
+                if masked else None
+
+            def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                kc[i, rows, :, positions_t] = k
+                vc[i, rows, :, positions_t] = v
+                # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
+                attn = F.scaled_dot_product_attention(q.view(b, self.n_kv, group, self.head_dim),
+                                                      kc[i, :b, :, :span], vc[i, :b, :, :span], attn_mask=mask)
+                return attn.reshape(b, -1)
 
         return self._layers(h, self._rope_at(positions_t), lora, attend)
