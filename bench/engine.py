@@ -28,6 +28,7 @@ import platform
 import queue
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -146,8 +147,23 @@ class Bench:
 
     # -- HF helpers ---------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def hf_generate(self, batch: list[list[int]], new_tokens: int = NEW_TOKENS) -> tuple[float, torch.Tensor]:
+        """HF `generate` of `batch`, timed, on a thread of its own while the engine's loop thread is stopped.
+
+        Why: libgomp gives every thread that runs parallel work a team of its own, and once a process holds more
+        OpenMP threads than CPUs it cuts every worker's spin-wait to about 100 spins (engine/llm_engine.py,
+        `_one_thread_here_then`). HF on the main thread beside the loop thread's team slowed both: the engine's
+        B=1 forward took 43.6 ms on its loop thread against 30.6 ms on the main thread (2-core box). A thread's
+        team goes when the thread ends, so each side here runs with the only team in the process."""
+        self.engine.stop()
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="hf-baseline") as alone:
+                return alone.submit(self._hf_generate, batch, new_tokens).result()
+        finally:
+            self.engine.start()
+
+    @torch.inference_mode()
+    def _hf_generate(self, batch: list[list[int]], new_tokens: int) -> tuple[float, torch.Tensor]:
         width = max(len(p) for p in batch)
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.model.config.eos_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])  # left padding

@@ -250,6 +250,8 @@ class LLMEngine:
     # -- loop ----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the loop thread (again, after `stop`)."""
+        self._stopped.clear()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
