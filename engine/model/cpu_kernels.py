@@ -24,7 +24,8 @@ import torch
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "causal_attention.cpp", KERNELS / "layer_ops.cpp"]
+SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "causal_attention.cpp", KERNELS / "layer_ops.cpp",
+           KERNELS / "lora_add.cpp"]
 HEADERS = sorted(KERNELS.glob("*.h"))  # part of the cache key, not compiled on their own
 
 # -fopenmp: at::parallel_for is inline OpenMP, without it the ops run on one thread. -ffp-contract=off: a written

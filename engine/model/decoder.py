@@ -91,8 +91,6 @@ class Decoder:
         self.ops = LayerOps(LayerOps.native_supported(self.dtype, self.device, config.hidden_size,
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
-        self.qkv_splits = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
-        self.mlp_splits = [config.intermediate_size, config.intermediate_size]
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions."""
@@ -158,7 +156,7 @@ class Decoder:
         """h: [N, hidden]; rope: `_rope_at(positions)` -> q [N, H, D], k/v [N, Hkv, D] with RoPE applied."""
         x = linear(h, w.qkv, w.qkv_bias)
         if lora:
-            x = lora.add(layer, "qkv", h, x, self.qkv_splits)
+            x = lora.add(layer, "qkv", h, x)
         d, nq, nk = self.head_dim, self.n_heads, self.n_kv
         v = x[:, (nq + nk) * d :].view(-1, nk, d)
         if w.q_norm is None:  # q and k side by side in x: one RoPE over both heads
@@ -170,16 +168,16 @@ class Decoder:
 
     def _o_proj(self, w: LayerWeights, attn: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
         out = linear(attn, w.o_proj)
-        return lora.add(layer, "o_proj", attn, out, [out.shape[-1]]) if lora else out
+        return lora.add(layer, "o_proj", attn, out) if lora else out
 
     def _mlp(self, w: LayerWeights, x: torch.Tensor, lora: LoraBatch | None, layer: int) -> torch.Tensor:
         """x: the post-attention-normed hidden states."""
         gate_up = linear(x, w.gate_up)
         if lora:
-            gate_up = lora.add(layer, "gate_up", x, gate_up, self.mlp_splits)
+            gate_up = lora.add(layer, "gate_up", x, gate_up)
         act = self.ops.silu_mul(gate_up)
         out = linear(act, w.down)
-        return lora.add(layer, "down", act, out, [out.shape[-1]]) if lora else out
+        return lora.add(layer, "down", act, out) if lora else out
 
     def _layers(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], lora: LoraBatch | None,
                 attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
