@@ -13,6 +13,7 @@ namespace {
 
 constexpr int64_t kLoraRows = 8;   // rows sharing one pass over B
 constexpr int64_t kMaxRank = 512;  // summed rank of a fused weight's slices (a stack buffer per row block)
+constexpr int64_t kMinPartColumns = 256;  // a column part below this is not worth a thread's wake-up
 
 #define SIE_BODY "lora_add_body.h"
 #include "isa_variants.h"
@@ -52,23 +53,29 @@ void lora_add_(const at::Tensor& out, const at::Tensor& x, const std::optional<a
   const float* bp = b_t.data_ptr<float>();
   const int64_t os = out.stride(0), xs = x.stride(0);
   const bool wide = has_avx512() && !avx2;
-  at::parallel_for(0, (count + kLoraRows - 1) / kLoraRows, 1, [&](int64_t lo, int64_t hi) {
+  // tasks: row blocks, each cut into column parts when there are fewer blocks than threads (a decode step's
+  // few rows still use every core; each part redoes its block's small x @ A^T)
+  const int64_t blocks = (count + kLoraRows - 1) / kLoraRows;
+  const int64_t parts = std::max<int64_t>(1, std::min(at::get_num_threads() / blocks, n / kMinPartColumns));
+  const int64_t part_columns = (n / 16 + parts - 1) / parts * 16;
+  at::parallel_for(0, blocks * parts, 1, [&](int64_t lo, int64_t hi) {
     float h[kLoraRows * kMaxRank];
     float* outs[kLoraRows];
-    for (int64_t block = lo; block < hi; ++block) {
-      const int64_t first = block * kLoraRows, size = std::min(kLoraRows, count - first);
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t first = task / parts * kLoraRows, size = std::min(kLoraRows, count - first);
+      const int64_t col_lo = task % parts * part_columns, col_hi = std::min(n, col_lo + part_columns);
       for (int64_t q = 0; q < size; ++q) {
         const int64_t row = rp ? rp[first + q] : first + q;
         outs[q] = op + row * os;
         if (wide)
-          avx512::lora_shrink_row(xp + row * xs, ap, r, k, h + q * r);
+          avx512::lora_shrink(xp + row * xs, ap, r, k, h + q * r);
         else
-          avx2::lora_shrink_row(xp + row * xs, ap, r, k, h + q * r);
+          avx2::lora_shrink(xp + row * xs, ap, r, k, h + q * r);
       }
       if (wide)
-        avx512::lora_expand_rows(outs, h, size, r, bp, n);
+        avx512::lora_expand(outs, h, size, r, bp, n, col_lo, col_hi);
       else
-        avx2::lora_expand_rows(outs, h, size, r, bp, n);
+        avx2::lora_expand(outs, h, size, r, bp, n, col_lo, col_hi);
     }
   });
 }
