@@ -39,8 +39,8 @@ LAYERS: dict[str, Rule] = {
     # layer 1
     "engine.text": Rule(BASE, torch_free=True),
     "engine.model": Rule((*BASE, "engine.staging")),
-    # layer 2
-    "engine.sampling": Rule((*BASE, "engine.staging")),
+    # layer 2; the sampler's row reductions run on our CPU kernel library (built by engine.model.cpu_kernels)
+    "engine.sampling": Rule((*BASE, "engine.staging", "engine.model.cpu_kernels")),
     "engine.runner": Rule((*BASE, "engine.staging", "engine.model")),
     "engine.runner.cuda_graphs": Rule(("engine.staging",)),  # captures a callable: knows neither model nor runner
     "engine.inputs": Rule((*BASE, "engine.text", "engine.sampling.grammar")),

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.sampling import row_ops
 from engine.sampling_params import SamplingParams
 from engine.staging import row_index, stage
 
@@ -26,7 +27,7 @@ PREFILTER = 256  # candidates kept before the nucleus of a row with top_p and no
 
 def choose(logits: torch.Tensor, rows: Sequence) -> torch.Tensor:
     """[B] token ids for [B, V] processed logits; `rows[i].params` and `rows[i].generator` say how."""
-    tokens = logits.argmax(dim=-1)
+    tokens = row_ops.argmax(logits)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not sampled:
         return tokens
@@ -59,8 +60,8 @@ def _draw_truncated(sub: torch.Tensor, params: list[SamplingParams], settings: t
     has_k = [_top_k(p, vocab) < vocab for p in params]
     width = max([_top_k(p, vocab) for p, k in zip(params, has_k, strict=True) if k]
                 + ([] if all(has_k) else [min(PREFILTER, vocab)]))
-    values, order = sub.topk(width, dim=-1)
-    full_lse = None if all(has_k) else sub.logsumexp(dim=-1)
+    values, order = row_ops.topk(sub, width)
+    full_lse = None if all(has_k) else row_ops.logsumexp(sub)
     probs, short = _nucleus(values, settings, has_k, full_lse)
     picks = _draw_in_vocab_order(probs, order, settings[:, 3])
     if short is not None and bool(short.any()):

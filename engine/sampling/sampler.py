@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from engine.sampling import row_ops
 from engine.sampling.draw import choose
 from engine.sampling.penalty_counts import PenaltyCounts
 from engine.sampling_params import SamplingParams
@@ -70,12 +71,12 @@ class Sampler:
         # the raw distribution, read before anything changes the logits: its normaliser (one reduction, no
         # [B, V] log-softmax), the top logprobs asked for, and the raw rows that bias, penalties or a grammar
         # will change (a stop-token ban only touches tokens that are then not chosen)
-        lse = torch.logsumexp(logits, dim=-1)
+        lse = row_ops.logsumexp(logits)
         want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
         k = max((rows[i].params.top_logprobs for i in want_top), default=0)
         if want_top:
             top_index = row_index(want_top, b, device)
-            top_values, top_id_t = logits[top_index].topk(k, dim=-1)
+            top_values, top_id_t = row_ops.topk(logits[top_index], k)
             top_values = top_values - lse[top_index][:, None]
         changed = [i for i, r in enumerate(rows)
                    if r.params.logit_bias or r.params.uses_penalties or (grammar_masks and i in grammar_masks)]

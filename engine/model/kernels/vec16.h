@@ -19,6 +19,9 @@ struct Vec16 {
     return {_mm512_i32gather_ps(_mm512_loadu_si512(offsets), p, 4)};
   }
   SIE_TARGET void store(float* p) const { _mm512_storeu_ps(p, v); }
+  SIE_TARGET bool any_above(float t) const {
+    return _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GT_OQ) != 0;
+  }
   SIE_TARGET friend Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   SIE_TARGET friend Vec16 fnmadd(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }
   SIE_TARGET friend Vec16 operator+(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -54,6 +57,10 @@ struct Vec16 {
     return {_mm256_i32gather_ps(p, lo, 4), _mm256_i32gather_ps(p, hi, 4)};
   }
   SIE_TARGET void store(float* p) const { _mm256_storeu_ps(p, lo), _mm256_storeu_ps(p + 8, hi); }
+  SIE_TARGET bool any_above(float t) const {
+    const __m256 tv = _mm256_set1_ps(t);
+    return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(lo, tv, _CMP_GT_OQ), _mm256_cmp_ps(hi, tv, _CMP_GT_OQ))) != 0;
+  }
   SIE_TARGET friend Vec16 fmadd(Vec16 a, Vec16 b, Vec16 c) {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
   }
