@@ -33,9 +33,9 @@ class PenaltyCounts:
         """Free the row's buffer row now (its sequence has finished); a row that never was counted is a no-op."""
         self.rows.pop(row, None)
 
-    def gather(self, rows: Sequence[CountedRow], vocab: int, dtype: torch.dtype, device: torch.device
-               ) -> torch.Tensor:
-        """[len(rows), vocab] counts of each row's output tokens so far (a copy: free to modify)."""
+    def update(self, rows: Sequence[CountedRow], vocab: int, dtype: torch.dtype, device: torch.device
+               ) -> tuple[torch.Tensor, list[int]]:
+        """Count each row's new output tokens; returns the [N, vocab] buffer and each row's row of it."""
         buf = self.buffer
         if buf is None or buf.shape[1] != vocab or buf.dtype != dtype or buf.device != device:
             buf = self.buffer = torch.zeros(max(8, len(rows)), vocab, dtype=dtype, device=device)
@@ -62,4 +62,10 @@ class PenaltyCounts:
         if pairs:
             added = stage(pairs, torch.long, device)
             buf.index_put_((added[:, 0], added[:, 1]), buf.new_ones(len(pairs)), accumulate=True)
+        return buf, where
+
+    def gather(self, rows: Sequence[CountedRow], vocab: int, dtype: torch.dtype, device: torch.device
+               ) -> torch.Tensor:
+        """[len(rows), vocab] counts of each row's output tokens so far (a copy: free to modify)."""
+        buf, where = self.update(rows, vocab, dtype, device)
         return buf[stage(where, torch.long, device)]

@@ -1,4 +1,4 @@
-"""Per-row reductions over a step's [B, V] logits: logsumexp, argmax and the k largest.
+"""Per-row work over a step's [B, V] logits: logsumexp, argmax, the k largest, and penalties in place.
 
 In fp32 on the CPU they run our kernels (engine/model/kernels/row_ops.cpp); elsewhere torch's ops. torch's CPU
 kernels are slow on a few wide rows: at [8, 49152] argmax took 313 us, logsumexp 153 us and topk(50) 367 us,
@@ -37,3 +37,16 @@ def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if _native(logits) and logits.shape[0] > 0:
         return torch.ops.sie_kernels.row_topk(logits, k)
     return logits.topk(k, dim=-1)
+
+
+def native_penalties(logits: torch.Tensor) -> bool:
+    """`penalize_` runs here (else the sampler's torch path: engine.sampling.sampler.penalise_sparse/_dense)."""
+    return _native(logits)
+
+
+def penalize_(logits: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor, count_rows: torch.Tensor,
+              prompt: torch.Tensor | None, settings: torch.Tensor) -> None:
+    """Repetition (over `prompt` and counted tokens), then frequency and presence penalties on logits[rows] in
+    place: the arithmetic of penalise_sparse, bit for bit. counts[count_rows[p]]: row p's output-token counts;
+    settings [P, 3]: repetition, presence, frequency."""
+    torch.ops.sie_kernels.penalize_(logits, rows, counts, count_rows, prompt, settings)

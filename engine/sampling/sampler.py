@@ -150,15 +150,20 @@ class Sampler:
         penalised = [i for i, r in enumerate(rows) if r.params.uses_penalties]
         if not penalised:
             return
-        index = row_index(penalised, len(rows), device)
-        sub = logits[index]
-        counts = self.counts.gather([rows[i] for i in penalised], vocab, logits.dtype, device)
         settings = stage([[rows[i].params.repetition_penalty, rows[i].params.presence_penalty,
                            rows[i].params.frequency_penalty] for i in penalised], logits.dtype, device)
-        rep, pres, freq = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
         prompt = None
         if any(rows[i].params.repetition_penalty != 1.0 for i in penalised):
             prompt = torch.stack([rows[i].prompt_mask(vocab, device) for i in penalised])
+        if row_ops.native_penalties(logits):  # one pass per row in place, no [P, V] temporaries
+            buf, where = self.counts.update([rows[i] for i in penalised], vocab, logits.dtype, device)
+            row_ops.penalize_(logits, stage(penalised, torch.long, device), buf, stage(where, torch.long, device),
+                              prompt, settings)
+            return
+        index = row_index(penalised, len(rows), device)
+        sub = logits[index]
+        counts = self.counts.gather([rows[i] for i in penalised], vocab, logits.dtype, device)
+        rep, pres, freq = settings[:, 0:1], settings[:, 1:2], settings[:, 2:3]
         penalise = penalise_sparse if device.type == "cpu" else penalise_dense
         logits[index] = penalise(sub, counts, prompt, rep, pres, freq)
 

@@ -91,3 +91,22 @@ def test_refuses_what_it_cannot_run(case):
             ops.row_argmax(x.double())
         else:
             ops.row_logsumexp(x[0])
+
+
+@pytest.mark.parametrize("with_prompt", [True, False])
+def test_penalties_in_place_match_the_torch_path_bit_for_bit(with_prompt):
+    from engine.sampling.sampler import penalise_sparse
+
+    g = torch.Generator().manual_seed(1)
+    x = logits(5, 3000)
+    counts = torch.zeros(7, 3000)
+    counts[:, :400] = torch.randint(0, 3, (7, 400), generator=g).float()  # some seen, some not
+    rows, count_rows = torch.tensor([4, 0, 2]), torch.tensor([6, 1, 3])
+    prompt = (torch.rand(3, 3000, generator=g) < 0.05) if with_prompt else None
+    settings = torch.tensor([[1.3, 0.5, 0.2], [1.0, -0.4, 0.0], [0.8, 0.0, 1.5]])  # repetition, presence, frequency
+    expected = x.clone()
+    expected[rows] = penalise_sparse(x[rows].clone(), counts[count_rows], prompt, settings[:, 0:1], settings[:, 1:2],
+                                     settings[:, 2:3])
+    row_ops.penalize_(x, rows, counts, count_rows, prompt, settings)
+    assert torch.equal(x, expected)
+    assert not torch.equal(x[rows], logits(5, 3000)[rows])  # it did change them

@@ -99,4 +99,21 @@ SIE_TARGET inline void row_topk(const float* x, int64_t n, int64_t k, float* val
   }
 }
 
+// Penalties on one row in place, the arithmetic of engine/sampling/sampler.py: over prompt and output tokens the
+// repetition penalty (HF/vLLM: shrink toward zero), then over output tokens frequency and presence (OpenAI).
+// Only the entries a row has seen change (a few hundred of 50k-250k), so the loop branches to them; the scan
+// itself is a load or two per entry.
+SIE_TARGET inline void penalize_row(float* x, const float* counts, const bool* prompt, int64_t n, float rep,
+                                    float pres, float freq) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float c = counts[t];
+    const bool counted = c > 0.0f;
+    if (!counted && !(prompt != nullptr && prompt[t])) continue;
+    float v = x[t];
+    if (prompt != nullptr) v = v > 0.0f ? v / rep : v * rep;
+    if (counted) v = (v - freq * c) - pres;
+    x[t] = v;
+  }
+}
+
 }  // namespace SIE_ISA
