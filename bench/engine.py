@@ -13,7 +13,8 @@ identically for HF and the engine):
   engine_cN         N concurrent requests (16 = the 8 prompts twice).
   step_bN_ms        one pure decode step of N rows in those runs, by phase (engine/core/step_timing.py).
   late_ttft_s       time to the first output of a request submitted while 6 others are decoding.
-  features_ratio_c8 tok/s with every sampler feature on over plain greedy, both at 8 concurrent.
+  features_ratio_c8 tok/s with every sampler feature on over plain greedy, both at 8 concurrent (the median of 5
+                    paired runs; the grammar and LoRA row ratios likewise).
   n4_ratio          wall time of one n=4 request over 4 separate concurrent requests of the same prompt.
 
 Run: `.venv/bin/python -m bench.engine` (about 5 minutes on the 2-core box). Results: bench/results/engine.json.
@@ -235,16 +236,23 @@ class Bench:
                 c.wait()
         return statistics.median(samples)
 
-    def row_ratios(self, rows: dict) -> dict:
-        """c8 tok/s of each kind of row (all 8 requests alike) over plain greedy c8, interleaved per repetition."""
-        runs: dict = {"plain": [], **{name: [] for name in rows}}
-        for _ in range(self.reps):
-            runs["plain"].append(self.engine_tps(self.prompts))
+    def row_ratios(self, rows: dict, reps: int = 5) -> dict:
+        """c8 tok/s of each kind of row (all 8 requests alike) over plain greedy c8. Each ratio is the median of
+        `reps` paired runs, plain and that kind back to back (in alternating order): this box's speed drifts by
+        10-15 % within minutes, which unpaired medians of 3 carried into the ratios (0.89 and 0.96 for the same
+        code, twenty minutes apart)."""
+        plain: list[float] = []
+        kinds: dict[str, list[float]] = {name: [] for name in rows}
+        ratios: dict[str, list[float]] = {name: [] for name in rows}
+        for rep in range(reps):
             for name, make_params in rows.items():
-                runs[name].append(self.engine_tps(self.prompts, make_params))
-        med = {name: statistics.median(v) for name, v in runs.items()}
-        return {"plain_c8_tps": med["plain"], **{f"{n}_c8_tps": med[n] for n in rows},
-                **{f"{n}_ratio_c8": med[n] / med["plain"] for n in rows}}
+                pair = [("plain", lambda i: greedy_params()), (name, make_params)]
+                tps = {kind: self.engine_tps(self.prompts, mp) for kind, mp in pair[:: -1 if rep % 2 else 1]}
+                plain.append(tps["plain"])
+                kinds[name].append(tps[name])
+                ratios[name].append(tps[name] / tps["plain"])
+        return {"plain_c8_tps": statistics.median(plain), **{f"{n}_c8_tps": statistics.median(kinds[n]) for n in rows},
+                **{f"{n}_ratio_c8": statistics.median(ratios[n]) for n in rows}}
 
     def n4_ratio(self) -> tuple[float, float, float]:
         prompt = self.prompts[0]
