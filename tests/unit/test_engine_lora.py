@@ -80,3 +80,22 @@ def test_adapter_request_same_tokens_alone_and_in_a_mixed_batch(real_engine, lor
     mixed.until_done()
     assert mixed.ids("p") == alone.ids("p")
     assert mixed.ids("b") == base_alone.ids("b")
+
+
+def test_adapter_rows_logits_are_the_same_bits_alone_and_in_a_mixed_batch(real_engine, lora_adapters, prompts):
+    """With our CPU kernels every op of the forward is per row, the LoRA delta included (kernels/lora_add.cpp)."""
+    from engine.model import cpu_kernels
+
+    fwd = scheduler(real_engine, lora_adapters, slots=4).runner
+    decoder = fwd.decoder
+    if not (cpu_kernels.available() and decoder.native_attention and decoder.ops.native):
+        pytest.skip("our CPU kernels do not run this model here")
+    adapters = ["pirate", None, "pirate", "pirate"]
+    for slot, adapter in enumerate(adapters):
+        fwd.prefill(slot, prompts[slot], 0, adapter=adapter)
+    positions = [len(p) for p in prompts[:4]]
+    batched = fwd.decode([28, 29, 30, 31], positions, adapters=adapters)
+    alone = fwd.decode([28], positions[:1], adapters=adapters[:1])
+    assert torch.equal(batched[0], alone[0])
+    uniform = fwd.decode([28, 29], positions[:2], adapters=["pirate", "pirate"])  # every row on one adapter
+    assert torch.equal(uniform[0], alone[0])
