@@ -34,7 +34,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, k] values, [B, k] ids) of each row's k largest, in descending order."""
-    if _native(logits) and logits.shape[0] > 0:
+    if _native(logits):
         return torch.ops.sie_kernels.row_topk(logits, k)
     return logits.topk(k, dim=-1)
 

@@ -28,32 +28,27 @@ void check_logits(const at::Tensor& x, const char* name) {
               ": fp32 logits [B, V] with contiguous rows");
 }
 
-at::Tensor row_logsumexp(const at::Tensor& x, bool avx2) {
-  check_logits(x, "row_logsumexp");
+// One value of type T per row of x: wide(row, n) with AVX-512, else narrow(row, n).
+template <typename T, typename Wide, typename Narrow>
+at::Tensor per_row(const at::Tensor& x, const char* name, bool avx2, Wide wide, Narrow narrow) {
+  check_logits(x, name);
   const int64_t b = x.size(0), n = x.size(1), stride = x.stride(0);
-  at::Tensor out = at::empty({b}, x.options());
+  at::Tensor out = at::empty({b}, x.options().dtype(c10::CppTypeToScalarType<T>::value));
   const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const bool wide = has_avx512() && !avx2;
+  T* op = out.data_ptr<T>();
+  const bool use_wide = has_avx512() && !avx2;
   at::parallel_for(0, b, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
-      op[r] = wide ? avx512::row_logsumexp(xp + r * stride, n) : avx2::row_logsumexp(xp + r * stride, n);
+    for (int64_t r = lo; r < hi; ++r) op[r] = use_wide ? wide(xp + r * stride, n) : narrow(xp + r * stride, n);
   });
   return out;
 }
 
+at::Tensor row_logsumexp(const at::Tensor& x, bool avx2) {
+  return per_row<float>(x, "row_logsumexp", avx2, avx512::row_logsumexp, avx2::row_logsumexp);
+}
+
 at::Tensor row_argmax(const at::Tensor& x, bool avx2) {
-  check_logits(x, "row_argmax");
-  const int64_t b = x.size(0), n = x.size(1), stride = x.stride(0);
-  at::Tensor out = at::empty({b}, x.options().dtype(at::kLong));
-  const float* xp = x.data_ptr<float>();
-  int64_t* op = out.data_ptr<int64_t>();
-  const bool wide = has_avx512() && !avx2;
-  at::parallel_for(0, b, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
-      op[r] = wide ? avx512::row_argmax(xp + r * stride, n) : avx2::row_argmax(xp + r * stride, n);
-  });
-  return out;
+  return per_row<int64_t>(x, "row_argmax", avx2, avx512::row_argmax, avx2::row_argmax);
 }
 
 // (values [B, k], indices [B, k]) of each row's k largest, by value descending then index ascending
