@@ -119,7 +119,8 @@ class LLMEngine:
         graphs = on_gpu and config.cuda_graphs and fused  # captured for the fused forward only
         # each path its own adapters: lifted into the fused forward, or peft's LoRA layers in the HF modules
         paths = config.lora_paths or {}
-        adapters = load_adapters(model, paths) if isinstance(decoder, Decoder) else decoder.load_adapters(paths)
+        adapters = load_adapters(model, paths, decoder.dtype) if isinstance(decoder, Decoder) \
+            else decoder.load_adapters(paths)
         self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.core = EngineCore(self.runner, self.sampler, self.tokenizer, config.prefill_budget,

@@ -1,4 +1,4 @@
-"""Our C++ CPU ops (engine/model/kernels/), one extension `sie_kernels`: the tiled fp32 linear
+"""Our C++ CPU ops (engine/model/kernels/), one extension `sie_kernels`: the tiled fp32 and bf16 linears
 (engine.model.tiled_linear), causal attention for prefill and decode (engine.model.attention) and the fused layer
 ops (engine.model.layer_ops).
 
@@ -24,8 +24,8 @@ import torch
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "causal_attention.cpp", KERNELS / "layer_ops.cpp",
-           KERNELS / "lora_add.cpp", KERNELS / "row_ops.cpp"]
+SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "tiled_linear_bf16.cpp", KERNELS / "causal_attention.cpp",
+           KERNELS / "layer_ops.cpp", KERNELS / "lora_add.cpp", KERNELS / "row_ops.cpp"]
 HEADERS = sorted(KERNELS.glob("*.h"))  # part of the cache key, not compiled on their own
 
 # -fopenmp: at::parallel_for is inline OpenMP, without it the ops run on one thread. -ffp-contract=off: a written

@@ -76,7 +76,7 @@ class Decoder:
         self.eps = config.rms_norm_eps
         self.vocab_size = config.vocab_size
         param = next(hf_model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.device, self.weight_dtype = param.device, param.dtype
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
         self.lm_head: Weight = hf_model.lm_head.weight.detach()
@@ -86,6 +86,13 @@ class Decoder:
         first = self.layers[0]
         self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
                                                                          first.down)]))
+        # The activations' dtype: the weights' own, except bf16 weights on our tiled kernel, which multiplies bf16
+        # and hands back its fp32 accumulators. There the hidden states, norms, attention and the KV cache stay
+        # fp32, on our fp32 kernels, and a row's bits never depend on its batch, as in fp32 (README, "dtype").
+        mixed = self.linear_kind == "tiled" and self.weight_dtype == torch.bfloat16
+        self.dtype = torch.float32 if mixed else self.weight_dtype
+        if mixed:
+            self._small_weights_to(self.dtype)
         self.hidden_size = config.hidden_size
         self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # our attention kernels
         self.ops = LayerOps(LayerOps.native_supported(self.dtype, self.device, config.hidden_size,
@@ -113,6 +120,19 @@ class Decoder:
             w.qkv, w.o_proj, w.gate_up, w.down = (pack(t, kind) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
         self.lm_head = pack(self.lm_head, kind)
         self.linear_kind = kind
+
+    def _small_weights_to(self, dtype: torch.dtype) -> None:
+        """The norms' weights and the QKV bias in `dtype` (what they multiply and add to); the linears keep theirs."""
+        self.final_norm = self.final_norm.to(dtype)
+        for w in self.layers:
+            w.input_norm, w.post_norm = w.input_norm.to(dtype), w.post_norm.to(dtype)
+            w.q_norm = w.q_norm.to(dtype) if w.q_norm is not None else None
+            w.k_norm = w.k_norm.to(dtype) if w.k_norm is not None else None
+            w.qkv_bias = w.qkv_bias.to(dtype) if w.qkv_bias is not None else None
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings of `ids` in the activations' dtype (a fresh tensor)."""
+        return self.embed[ids].to(self.dtype)
 
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> LayerWeights:
@@ -205,8 +225,8 @@ class Decoder:
         n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
-        h = self.embed[stage(token_ids, torch.long, self.device)] if embeds is None \
-            else embeds.to(self.device, copy=True)
+        h = self._embed(stage(token_ids, torch.long, self.device)) if embeds is None \
+            else embeds.to(self.device, self.dtype, copy=True)
         kc, vc = cache.k, cache.v
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -236,7 +256,7 @@ class Decoder:
         ids, lengths, slot_index, start_t = (table[:, :longest], table[:, longest], table[:, longest + 1],
                                              table[:, longest + 2])
         positions = start_t[:, None] + torch.arange(longest, device=self.device)  # [k, T]
-        h = self.embed[ids.reshape(-1)]
+        h = self._embed(ids.reshape(-1))
         mask = None
         if not self.native_attention:
             keys = torch.arange(span, device=self.device)[None, None, :]
@@ -271,7 +291,7 @@ class Decoder:
         it): `span` cache positions are read, and each row attends to its own filled prefix only when `masked`.
         Returns the final-normed hidden states [B, hidden]; `logits` applies the LM head."""
         b = token_tensor.shape[0]
-        h = self.embed[token_tensor]
+        h = self._embed(token_tensor)
         kc, vc = cache.k, cache.v
         if self.native_attention:  # our kernel writes k/v too, and reads each row's own prefix: no mask to build
 

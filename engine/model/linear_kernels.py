@@ -4,14 +4,15 @@ Why: the torch wheel's MKL picks its kernels by CPU vendor, and on AMD it takes 
 GEMMs of batched decode, even on AVX-512 parts (shared/notes/cpu-decode.md). oneDNN (bundled with torch) picks its
 kernels by ISA (brgemm with avx512_core / avx512_core_bf16 / AMX where present) and, with weights prepacked into
 its blocked layout once at load (as inductor's `mkldnn._linear_pointwise` does), runs those GEMMs much faster there.
-Our own tiled kernel (engine.model.tiled_linear) beats both at decode's row counts in fp32, and its rows do not
-depend on their batch. Which one wins depends on the CPU, so the forward asks `choose_kind` once: the ISA sets the
+Our own tiled kernel (engine.model.tiled_linear) beats both at decode's row counts, and its rows do not depend on
+their batch. Which one wins depends on the CPU, so the forward asks `choose_kind` once: the ISA sets the
 default (tiled, else oneDNN, on AVX-512; F.linear otherwise) and a quick timing of each on the model's own weight
 shapes overturns it on a clear loss. `SIE_LINEAR_KERNEL=mkl|dnnl|tiled` overrides the choice.
 
 Kinds: "torch" (plain F.linear; GPU and CPUs without oneDNN), "mkl" (F.linear on CPU), "dnnl" (prepacked oneDNN),
-"tiled" (fp32 column tiles, our kernel). A laid-out weight is an mkldnn-layout tensor or a `TiledWeight`; `linear`
-dispatches on that, so call sites stay one line.
+"tiled" (column tiles, our kernel: fp32, and bf16 where the CPU has AVX512_BF16, on AMX where it has that too). A
+laid-out weight is an mkldnn-layout tensor or a `TiledWeight`; `linear` dispatches on that, so call sites stay one
+line.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _kinds_here(dtype: torch.dtype) -> list[str]:
     kinds = ["mkl"]
     if torch.backends.mkldnn.is_available():
         kinds.append("dnnl")
-    if dtype == torch.float32 and tiled_linear.available():
+    if tiled_linear.runs(dtype):
         kinds.append("tiled")
     return kinds
 

@@ -61,8 +61,9 @@ def _stack(slices: list[tuple[int, torch.Tensor, torch.Tensor, float]], widths: 
     return LoraDelta(a, b_t, native)
 
 
-def load_adapters(hf_model: torch.nn.Module, paths: dict[str, str]) -> AdapterTable:
-    """Load every adapter with peft and return its per-layer deltas; the base model is left unchanged."""
+def load_adapters(hf_model: torch.nn.Module, paths: dict[str, str], dtype: torch.dtype | None = None) -> AdapterTable:
+    """Load every adapter with peft and return its per-layer deltas, in `dtype` (the forward's activations; default
+    the model's); the base model is left unchanged."""
     if not paths:
         return {}
     from peft import PeftModel
@@ -81,8 +82,9 @@ def load_adapters(hf_model: torch.nn.Module, paths: dict[str, str]) -> AdapterTa
                 continue  # not the layout the fused forward reads
             widths = [m.out_features for m in modules]
             for name in names:
-                # in the model's dtype and on its device (peft may keep adapters in fp32)
-                slices = [(index, *(w[name].weight.detach().to(base.device, base.dtype) for w in (m.lora_A, m.lora_B)),
+                # in the activations' dtype and on the model's device (peft may keep adapters in fp32)
+                slices = [(index, *(w[name].weight.detach().to(base.device, dtype or base.dtype)
+                                    for w in (m.lora_A, m.lora_B)),
                            float(m.scaling[name]))
                           for index, m in enumerate(modules) if hasattr(m, "lora_A") and name in m.lora_A]
                 if slices:

@@ -1,5 +1,6 @@
-"""Our fp32 CPU linear (engine/model/kernels/tiled_linear.cpp): weights laid out once as column tiles, one kernel
-for every row count, so a row's output is bit-identical alone, in any batch, in prefill or decode.
+"""Our CPU linear (engine/model/kernels/tiled_linear.cpp, fp32; tiled_linear_bf16.cpp, bf16 on AVX512_BF16):
+weights laid out once as column tiles, one kernel for every row count, so a row's output is bit-identical alone,
+in any batch, in prefill or decode.
 
 Why: decode multiplies 1-128 rows by every weight, and there MKL and oneDNN read the weights at 10-25 GB/s; the
 tiled kernel keeps 48 output columns x up to 8 rows in registers and streams each weight once per 8 rows. On the
@@ -18,37 +19,68 @@ import torch.nn.functional as F
 
 from engine.model.cpu_kernels import available
 
-__all__ = ["TILE", "TiledWeight", "available", "tiled_linear"]
+__all__ = ["TILE", "TiledWeight", "available", "runs", "tiled_linear"]
 
 TILE = 16  # output columns per tile (the kernel's layout)
 PAD_TILES = 6  # N is padded to a multiple of TILE * PAD_TILES: the kernel's panels of 3 (AVX-512) or 2 (AVX2) tiles
 
 
+def runs(dtype: torch.dtype) -> bool:
+    """Whether the tiled kernel runs `dtype` weights here: fp32 wherever our ops build, bf16 where the CPU also
+    multiplies bf16 pairs in hardware (AVX512_BF16)."""
+    if dtype == torch.float32:
+        return available()
+    return dtype == torch.bfloat16 and available() and torch.ops.sie_kernels.has_avx512_bf16()
+
+
 class TiledWeight:
-    """A [N, K] fp32 weight laid out as [ceil(N/96)*6, K, 16] column tiles (zero rows pad N)."""
+    """A [N, K] weight laid out as column tiles, zero rows padding N to a multiple of 96: fp32 as
+    [N/16, K, 16]; bf16 as [N/16, K/2, 32], each k pair of a tile's 16 columns interleaved (column c's k, k+1 side
+    by side), what one `vdpbf16ps` multiplies; an odd K gets a zero column."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         n, k = weight.shape
-        self.out_features = n
+        self.out_features, self.in_features = n, k
+        self.dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
         padded = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
-        w = weight.detach().float()
-        if padded != n:  # only then a padded copy: the layout's own copy is the one load pays for
-            w = F.pad(w, (0, 0, 0, padded - n))
-        self.tiles = w.view(padded // TILE, TILE, k).transpose(1, 2).contiguous()
+        w = weight.detach().to(self.dtype)
+        if self.dtype == torch.bfloat16:
+            k_padded = k + k % 2
+            if (padded, k_padded) != (n, k):  # only then a padded copy: the layout's own copy is the one load pays for
+                w = F.pad(w, (0, k_padded - k, 0, padded - n))
+            self.tiles = w.view(padded // TILE, TILE, k_padded // 2, 2).transpose(1, 2).reshape(
+                padded // TILE, k_padded // 2, 2 * TILE)
+        else:
+            if padded != n:
+                w = F.pad(w, (0, 0, 0, padded - n))
+            self.tiles = w.view(padded // TILE, TILE, k).transpose(1, 2).contiguous()
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((self.out_features, self.tiles.shape[1]))
+        return torch.Size((self.out_features, self.in_features))
 
     def dense(self) -> torch.Tensor:
         """The [N, K] weight back (exact)."""
-        return self.tiles.transpose(1, 2).reshape(-1, self.tiles.shape[1])[: self.out_features].contiguous()
+        tiles = self.tiles
+        if self.dtype == torch.bfloat16:
+            tiles = tiles.view(tiles.shape[0], -1, TILE, 2).transpose(1, 2).reshape(tiles.shape[0], TILE, -1)
+            return tiles.reshape(-1, tiles.shape[2])[: self.out_features, : self.in_features].contiguous()
+        return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[: self.out_features].contiguous()
 
 
 def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None = None,
-                 avx2: bool = False) -> torch.Tensor:
-    """F.linear(x, W, bias) through the tiled kernel; x [..., K] fp32. `avx2`: force the AVX2 variant (tests)."""
-    out = torch.ops.sie_kernels.tiled_linear(x.reshape(-1, x.shape[-1]), weight.tiles, avx2)
+                 avx2: bool = False, amx: bool = True) -> torch.Tensor:
+    """F.linear(x, W, bias) through the tiled kernel; x [..., K]. fp32 weights take fp32 x. bf16 weights take bf16
+    or fp32 x (rounded to bf16 as it is read), and the result is in x's dtype: fp32 x gets the fp32 accumulators
+    unrounded. `avx2`: force the fp32 kernel's AVX2 variant; `amx=False`: the bf16 kernel's vdpbf16ps variant where
+    the CPU has AMX (tests)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if weight.dtype == torch.bfloat16:
+        if weight.in_features % 2:
+            rows = F.pad(rows, (0, 1))
+        out = torch.ops.sie_kernels.tiled_linear_bf16(rows, weight.tiles, x.dtype == torch.float32, amx)
+    else:
+        out = torch.ops.sie_kernels.tiled_linear(rows, weight.tiles, avx2)
     if out.shape[1] != weight.out_features:
         out = out[:, : weight.out_features].contiguous()
     if bias is not None:

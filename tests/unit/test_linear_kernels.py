@@ -65,6 +65,42 @@ def test_tiled_rows_do_not_depend_on_their_batch_or_the_isa_variant():
     assert torch.equal(tiled_linear.tiled_linear(x, tiled, avx2=True), batch)
 
 
+needs_tiled_bf16 = pytest.mark.skipif(not tiled_linear.runs(torch.bfloat16),
+                                      reason="the bf16 tiled kernel needs AVX512_BF16")
+
+
+def test_bf16_pack_round_trip_is_exact():
+    for shape in [(40, 48), (100, 63)]:  # N padded to 96 columns; an odd K padded to even
+        w = torch.randn(shape).bfloat16()
+        tiled = pack(w, "tiled")
+        assert tiled.tiles.dtype == torch.bfloat16 and tiled.shape == w.shape
+        assert torch.equal(pack(tiled, "mkl"), w)
+
+
+@needs_tiled_bf16
+@pytest.mark.parametrize(("out_features", "in_features", "rows"), [(96, 64, 1), (100, 64, 8), (200, 63, 37)])
+def test_tiled_bf16_matches_the_fp32_product_rounded(out_features, in_features, rows):
+    """bf16 in, fp32 accumulation, one rounding to bf16 at the end: within a bf16 ulp or two of the exact
+    fp32 product of the same bf16 inputs."""
+    torch.manual_seed(0)
+    w, x = torch.randn(out_features, in_features).bfloat16(), torch.randn(rows, in_features).bfloat16()
+    got = linear(x, pack(w, "tiled"))
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    exact = F.linear(x.float(), w.float())
+    torch.testing.assert_close(got.float(), exact, rtol=2 ** -7, atol=1e-2)
+
+
+@needs_tiled_bf16
+def test_tiled_bf16_rows_do_not_depend_on_their_batch():
+    torch.manual_seed(0)
+    w, x = torch.randn(160, 96).bfloat16(), torch.randn(29, 96).bfloat16()
+    tiled = pack(w, "tiled")
+    batch = linear(x, tiled)
+    for i in range(29):
+        assert torch.equal(linear(x[i : i + 1], tiled)[0], batch[i])
+    assert torch.equal(linear(x[5:16], tiled), batch[5:16])
+
+
 def test_override_and_device(monkeypatch):
     w = [torch.randn(32, 16)]
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "mkl")
@@ -73,7 +109,9 @@ def test_override_and_device(monkeypatch):
     assert choose_kind(torch.device("cpu"), w) == "dnnl"
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
     assert choose_kind(torch.device("cpu"), w) == ("tiled" if tiled_linear.available() else "mkl")
-    assert choose_kind(torch.device("cpu"), [w[0].bfloat16()]) == "mkl"  # the tiled kernel is fp32 only
+    # bf16 weights run tiled only where the CPU multiplies bf16 pairs (AVX512_BF16)
+    assert choose_kind(torch.device("cpu"), [w[0].bfloat16()]) == ("tiled" if tiled_linear.runs(torch.bfloat16)
+                                                                    else "mkl")
     assert choose_kind(torch.device("meta"), w) == "torch"  # never packs off the CPU
 
 
@@ -127,3 +165,53 @@ def test_forward_with_each_kind_matches_hf(monkeypatch, kind):
     hf = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                         max_new_tokens=6, do_sample=False)
     assert tokens == hf[0, len(prompt):].tolist()
+
+
+@needs_tiled_bf16
+@torch.inference_mode()
+def test_bf16_weights_on_the_tiled_kernel_keep_fp32_activations(monkeypatch):
+    """bf16 weights on our kernel: the GEMMs multiply bf16, everything between them stays fp32 on our kernels
+    (the KV cache too), and the logits come out closer to the fp32 model's than HF's own bf16 forward gets."""
+    from engine.model.decoder import Decoder
+    from engine.runner.model_runner import ModelRunner
+
+    monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
+    shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)  # head dim 64
+    reference, bf16_model = tiny_llama(**shape), tiny_llama(**shape).to(torch.bfloat16)
+    decoder = Decoder(bf16_model, max_len=64)
+    assert (decoder.linear_kind, decoder.weight_dtype, decoder.dtype) == ("tiled", torch.bfloat16, torch.float32)
+    assert decoder.native_attention and decoder.ops.native
+    assert all(w.gate_up.tiles.dtype == torch.bfloat16 for w in decoder.layers)
+    fwd = ModelRunner(decoder, slots=2, max_len=64)
+    assert fwd.cache.k.dtype == torch.float32
+    prompt = [5, 17, 33, 2, 99, 140, 7]
+    got = fwd.prefill(0, prompt, 0)
+    ref = reference(torch.tensor([prompt])).logits[0, -1]
+    hf_bf16 = bf16_model(torch.tensor([prompt])).logits[0, -1].float()
+    assert got.dtype == torch.float32
+    assert (got - ref).abs().max() < (hf_bf16 - ref).abs().max()
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-2)
+    tokens, pos = [int(got.argmax())], len(prompt)
+    for _ in range(5):
+        tokens.append(int(fwd.decode([tokens[-1]], [pos])[0].argmax()))
+        pos += 1
+    fp32 = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              max_new_tokens=6, do_sample=False)
+    assert tokens == fp32[0, len(prompt):].tolist()
+
+
+@needs_tiled_bf16
+def test_amx_and_vdpbf16ps_variants_agree(monkeypatch):
+    """Where the CPU has AMX, the kernel runs on it (K a multiple of 32); its bits may differ from the vdpbf16ps
+    variant's (each is its own chain), but both are the fp32 product of the same bf16 inputs, and AMX rows do not
+    depend on their batch either."""
+    torch.manual_seed(0)
+    w, x = torch.randn(192, 128).bfloat16(), torch.randn(37, 128).bfloat16()
+    tiled = pack(w, "tiled")
+    amx, plain = tiled_linear.tiled_linear(x, tiled), tiled_linear.tiled_linear(x, tiled, amx=False)
+    torch.testing.assert_close(amx.float(), plain.float(), rtol=2 ** -7, atol=1e-2)
+    for rows in (slice(0, 1), slice(3, 19), slice(16, 37)):
+        assert torch.equal(tiled_linear.tiled_linear(x[rows], tiled), amx[rows])
+    # fp32 x is rounded to bf16 as it is read, and gets the accumulators back unrounded
+    wide = tiled_linear.tiled_linear(x.float(), tiled)
+    assert wide.dtype == torch.float32 and torch.equal(wide.bfloat16(), amx)
