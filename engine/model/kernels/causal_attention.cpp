@@ -33,7 +33,7 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 struct Args {
   const float* q;        // [n, Hq, D] rows q_row_stride apart, heads contiguous
-  const float* kt;       // [Hkv, D, keys_padded]: the keys transposed, zero past the last
+  const float* kt;       // [Hkv, keys_padded / 64, D, 64]: the keys transposed in blocks of 64, zero past the last
   const float* v;        // [Hkv, keys, D] with the strides below
   float* out;            // [n, Hq, D]
   int64_t n, start, group, head_dim, block_positions, keys_padded;
@@ -60,6 +60,19 @@ struct DecodeArgs {
 
 constexpr int64_t kBlockRows = 48;  // query rows (position x head of the group) per work item
 
+// Buffers that outlive a call: each thread's grows to the largest size asked and is reused. Fresh ones cost a
+// prefill chunk a page fault per 4 KB every call (glibc maps allocations over 128 KB anew, and the kernel zeroes
+// the pages): 6 % of a 512-token chunk's attention. The caller's thread holds the transposed keys, every worker
+// (the caller among them) its own query, score and output blocks.
+enum class Scratch { kKeys, kQueries, kScores, kOutputs, kCount };
+
+float* scratch(Scratch slot, int64_t size) {
+  thread_local std::vector<float> buffers[static_cast<int>(Scratch::kCount)];
+  std::vector<float>& buffer = buffers[static_cast<int>(slot)];
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
+
 // q [n, Hq, D] (head and feature strides contiguous; D a multiple of 64, the output blocks' width), k and v
 // [Hkv, >= start+n, D] (feature stride 1) -> [n, Hq, D].
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
@@ -77,15 +90,30 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor out = at::empty({n, hq, D}, q.options());
   if (n == 0) return out;
   const int64_t keys_padded = round_up(keys, 64);
-  // each KV head's keys transposed once, [Hkv, D, keys_padded], zero past the last key
-  at::Tensor kt = at::zeros({hkv, D, keys_padded}, q.options());
+  const bool wide = has_avx512() && !avx2;
+  // each KV head's keys transposed once, in blocks of 64 keys: [Hkv, keys_padded / 64, D, 64], zero past the last
+  // key; 16 x 16 blocks in registers
+  float* ktp = scratch(Scratch::kKeys, hkv * D * keys_padded);
   const float* kp = k.data_ptr<float>();
-  float* ktp = kt.data_ptr<float>();
-  at::parallel_for(0, hkv * D, 1, [&](int64_t lo, int64_t hi) {
+  const int64_t k_head = k.stride(0), k_row = k.stride(1), key_blocks = keys_padded / 64;
+  at::parallel_for(0, hkv * key_blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const float* src = kp + (i / D) * k.stride(0) + i % D;
-      float* dst = ktp + i * keys_padded;
-      for (int64_t key = 0; key < keys; ++key) dst[key] = src[key * k.stride(1)];
+      const int64_t first = i % key_blocks * 64, valid = std::min<int64_t>(64, keys - first);
+      const float* src = kp + i / key_blocks * k_head + first * k_row;  // [valid keys, D]
+      float* dst = ktp + i * D * 64;                                     // [D, 64]
+      for (int64_t d = 0; d < D; d += 16) {
+        int64_t key = 0;
+        for (; key + 16 <= valid; key += 16) {
+          if (wide)
+            avx512::transpose16x16(src + key * k_row + d, k_row, dst + d * 64 + key, 64);
+          else
+            avx2::transpose16x16(src + key * k_row + d, k_row, dst + d * 64 + key, 64);
+        }
+        for (int64_t dd = d; dd < d + 16; ++dd) {
+          for (int64_t kk = key; kk < valid; ++kk) dst[dd * 64 + kk] = src[kk * k_row + dd];
+          std::fill(dst + dd * 64 + valid, dst + dd * 64 + 64, 0.0f);
+        }
+      }
     }
   });
   const int64_t group = hq / hkv;
@@ -93,19 +121,20 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
          std::max<int64_t>(1, kBlockRows / group), keys_padded, q.stride(0), k.stride(0), k.stride(1), hq * D,
          static_cast<float>(scale)};
   const int64_t blocks = (n + a.block_positions - 1) / a.block_positions;
-  const bool wide = has_avx512() && !avx2;
   // Work items alternate the cheapest and the dearest query blocks (causal: cost grows with position), so the
   // contiguous ranges parallel_for hands each thread carry about the same work.
   at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
     const int64_t rows = round_up(a.block_positions * group, 24);  // a multiple of every variant's RB
-    std::vector<float> qs(rows * D), s(rows * keys_padded), os(rows * D);
+    float* qs = scratch(Scratch::kQueries, rows * D);
+    float* s = scratch(Scratch::kScores, rows * keys_padded);
+    float* os = scratch(Scratch::kOutputs, rows * D);
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t g = w % hkv, j = w / hkv;
       const int64_t qb = j % 2 == 0 ? j / 2 : blocks - 1 - j / 2;
       if (wide)
-        avx512::attend_block<6, 4, 4>(a, g, qb, qs.data(), s.data(), os.data());
+        avx512::attend_block<6, 4, 4>(a, g, qb, qs, s, os);
       else
-        avx2::attend_block<2, 2, 2>(a, g, qb, qs.data(), s.data(), os.data());
+        avx2::attend_block<2, 2, 2>(a, g, qb, qs, s, os);
     }
   });
   return out;

@@ -38,12 +38,20 @@ SIE_TARGET inline void values_block(const float* p, int64_t ldp, const float* v,
 
 // A row of scores becomes exp(s - max) over keys 0..valid-1 and exact zeros from there to key_end (rounded up to
 // 16); returns the row's sum, folded from 16 lanes that each add their keys in order from key 0.
+// Whole vectors of valid keys need no mask; only the one that straddles `valid` and those past it do.
 SIE_TARGET inline float softmax_row(float* row, int64_t valid, int64_t key_end) {
+  const int64_t whole = valid / 16 * 16;
   Vec16 m = Vec16::set1(-INFINITY);
-  for (int64_t key = 0; key < valid; key += 16) m = max(m, Vec16::load(row + key).below(key, valid, -INFINITY));
+  for (int64_t key = 0; key < whole; key += 16) m = max(m, Vec16::load(row + key));
+  if (whole < valid) m = max(m, Vec16::load(row + whole).below(whole, valid, -INFINITY));
   const Vec16 top = Vec16::set1(fold_max(m));
   Vec16 sum = Vec16::zero();
-  for (int64_t key = 0; key < key_end; key += 16) {
+  for (int64_t key = 0; key < whole; key += 16) {
+    const Vec16 e = exp(Vec16::load(row + key) - top);
+    e.store(row + key);
+    sum = sum + e;
+  }
+  for (int64_t key = whole; key < key_end; key += 16) {
     const Vec16 e = exp(Vec16::load(row + key) - top).below(key, valid, 0.0f);
     e.store(row + key);
     sum = sum + e;
@@ -76,10 +84,12 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
     const float* src = a.q + (first + r / G) * a.q_row_stride + (g * G + r % G) * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * a.scale;
   }
+  // keys in blocks of 64, each block's D x 64 transposed keys contiguous (16 KB at D = 64): key blocks outside, row
+  // blocks inside, so a block streams in once and stays in L1 while every row block reads it
   const float* kt = a.kt + g * D * ldk;
-  for (int64_t r = 0; r < rows; r += RB)
-    for (int64_t key = 0; key < key_pad; key += 16 * KV)
-      scores_block<RB, KV>(qs + r * D, D, kt + key, ldk, s + r * ldk + key, ldk);
+  for (int64_t key = 0; key < key_pad; key += 16 * KV)
+    for (int64_t r = 0; r < rows; r += RB)
+      scores_block<RB, KV>(qs + r * D, D, kt + key / 64 * 64 * D + key % 64, 64, s + r * ldk + key, ldk);
   // softmax over each row's own keys 0..position (the rest of the row becomes exact zeros)
   std::vector<float> denom(rows, 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
