@@ -1,7 +1,8 @@
 """Engine benchmark (issue 7): continuous-batching engine vs HF `generate`, measured side by side in one run.
 
-Workload: SmolLM2-135M-Instruct, fp32, both cores, 8 chat prompts of about 35 prompt tokens (chat template
-applied), greedy, exactly 64 new tokens each (EOS ignored), median of 3 after a warm-up.
+Workload: SmolLM2-135M-Instruct, fp32 (`--dtype bfloat16`: the bf16 profile, HF in bf16 too), both cores, 8 chat
+prompts of about 35 prompt tokens (chat template applied), greedy, exactly 64 new tokens each (EOS ignored), median
+of 3 after a warm-up.
 
 Figures (tok/s count generated tokens over wall time from submission to the last token, prefill included,
 identically for HF and the engine):
@@ -109,13 +110,14 @@ class Collector:
 
 
 class Bench:
-    def __init__(self, reps: int) -> None:
+    def __init__(self, reps: int, dtype: str = "float32") -> None:
         self.reps = reps
         torch.set_num_threads(2)
         t0 = time.perf_counter()
         self.lora = (LORA_DIR / "adapter_config.json").exists()
         loras = {"pirate": str(LORA_DIR)} if self.lora else None
-        self.engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=32, max_len=256, threads=2, lora_paths=loras))
+        self.engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=32, max_len=256, threads=2, lora_paths=loras,
+                                             dtype=dtype))
         self.engine.start()
         self.load_s = time.perf_counter() - t0
         self.tok = self.engine.tokenizer
@@ -312,12 +314,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (median reported)")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-step forward/sampler split")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the engine's (and HF's) dtype; results go to engine.json, or engine_bf16.json")
     args = parser.parse_args()
 
     started = time.perf_counter()
-    b = Bench(args.reps)
+    b = Bench(args.reps, args.dtype)
     lens = [len(p) for p in b.prompts]
-    print(f"model: {MODEL_DIR.name} fp32, torch threads {torch.get_num_threads()}, load {b.load_s:.1f} s")
+    print(f"model: {MODEL_DIR.name} {args.dtype} (linears: {b.engine.runner.decoder.linear_kind}), torch threads "
+          f"{torch.get_num_threads()}, load {b.load_s:.1f} s")
     print(f"prompt_tokens: {lens} (mean {statistics.mean(lens):.1f}), new tokens {NEW_TOKENS}, reps {args.reps}")
     b.warm_up()
 
@@ -380,8 +385,9 @@ def main() -> None:
     print(f"late_ttft_s: {r['late_ttft_s']:.3f}")
     print(f"features_ratio_c8: {r['features_ratio_c8']:.2f}")
     print(f"n4_ratio: {r['n4_ratio']:.2f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(r, indent=2))
+    results = RESULTS if args.dtype == "float32" else RESULTS.with_name("engine_bf16.json")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(r, indent=2))
 
 
 def _engine_supports_grammar() -> bool:

@@ -66,7 +66,7 @@ def test_tiled_rows_do_not_depend_on_their_batch_or_the_isa_variant():
 
 
 needs_tiled_bf16 = pytest.mark.skipif(not tiled_linear.runs(torch.bfloat16),
-                                      reason="the bf16 tiled kernel needs AVX512_BF16")
+                                      reason="the bf16 tiled kernel runs where the CPU has AMX")
 
 
 def test_bf16_pack_round_trip_is_exact():
@@ -109,7 +109,7 @@ def test_override_and_device(monkeypatch):
     assert choose_kind(torch.device("cpu"), w) == "dnnl"
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
     assert choose_kind(torch.device("cpu"), w) == ("tiled" if tiled_linear.available() else "mkl")
-    # bf16 weights run tiled only where the CPU multiplies bf16 pairs (AVX512_BF16)
+    # bf16 weights run tiled only where the CPU has AMX
     assert choose_kind(torch.device("cpu"), [w[0].bfloat16()]) == ("tiled" if tiled_linear.runs(torch.bfloat16)
                                                                     else "mkl")
     assert choose_kind(torch.device("meta"), w) == "torch"  # never packs off the CPU

@@ -31,6 +31,8 @@ namespace {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+constexpr int64_t kValueKeys = 128;  // rows of V per span of the prefill's P.V (attend_block)
+
 struct Args {
   const float* q;        // [n, Hq, D] rows q_row_stride apart, heads contiguous
   const float* kt;       // [Hkv, keys_padded / 64, D, 64]: the keys transposed in blocks of 64, zero past the last

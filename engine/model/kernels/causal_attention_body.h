@@ -4,13 +4,14 @@ namespace SIE_ISA {
 
 // out[RB, 16*W] = a[RB, k] . b[k, 16*W]: the register block of both halves of attention, one FMA per output
 // element and step of k, in k order. Scores: a = the scaled queries, b = the transposed keys (k = d). Outputs: a =
-// the probabilities, b = the values (k = keys).
+// the probabilities, b = the values (k = keys). `resume`: out holds the sums of the k steps before these, and each
+// chain continues from them (an fp32 store and load is exact: the bits of one pass).
 template <int RB, int W>
 SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* out,
-                                  int64_t ldo) {
+                                  int64_t ldo, bool resume = false) {
   Vec16 acc[RB][W];
   for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < W; ++j) acc[i][j] = Vec16::zero();
+    for (int j = 0; j < W; ++j) acc[i][j] = resume ? Vec16::load(out + i * ldo + 16 * j) : Vec16::zero();
   for (int64_t step = 0; step < k; ++step) {
     Vec16 bv[W];
     for (int j = 0; j < W; ++j) bv[j] = Vec16::load(b + step * ldb + 16 * j);
@@ -32,8 +33,8 @@ SIE_TARGET inline void scores_block(const float* q, int64_t D, const float* kt, 
 // O[RB rows, 16*CV columns] = P[RB, keys] . V[keys, columns]
 template <int RB, int CV>
 SIE_TARGET inline void values_block(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys, float* o,
-                                    int64_t ldo) {
-  gemm_block<RB, CV>(p, ldp, v, ldv, keys, o, ldo);
+                                    int64_t ldo, bool resume = false) {
+  gemm_block<RB, CV>(p, ldp, v, ldv, keys, o, ldo, resume);
 }
 
 // A row of scores becomes exp(s - max) over keys 0..valid-1 and exact zeros from there to key_end (rounded up to
@@ -98,10 +99,16 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
     else
       denom[r] = softmax_row(s + r * ldk, a.start + first + r / G + 1, key_end);
   }
+  // V in spans of kValueKeys rows (32 KB at D = 64, in L1) that every row block reads in turn, each output resuming
+  // its chain where the span before left it: the same bits as one pass over all keys, V read once from L2
   const float* v = a.v + g * a.kv_head_stride;
-  for (int64_t c = 0; c < D; c += 16 * CV)
-    for (int64_t r = 0; r < rows; r += RB)
-      values_block<RB, CV>(s + r * ldk, ldk, v + c, a.kv_row_stride, key_end, os + r * D + c, D);
+  for (int64_t key = 0; key < key_end; key += kValueKeys) {
+    const int64_t span = std::min(kValueKeys, key_end - key);
+    for (int64_t c = 0; c < D; c += 16 * CV)
+      for (int64_t r = 0; r < rows; r += RB)
+        values_block<RB, CV>(s + r * ldk + key, ldk, v + key * a.kv_row_stride + c, a.kv_row_stride, span,
+                             os + r * D + c, D, key > 0);
+  }
   for (int64_t r = 0; r < rows_real; ++r)
     divide_row(os + r * D, denom[r], D, a.out + (first + r / G) * a.out_row_stride + (g * G + r % G) * D);
 }

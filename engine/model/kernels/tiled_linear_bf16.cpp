@@ -1,6 +1,7 @@
-// y[M, N] = x[M, K] @ W^T with bf16 weights, on CPUs with AVX512_BF16 (and AMX where present), W laid out once at
-// load as column tiles of k pairs [N/16, K/2, 16, 2] (engine/model/tiled_linear.py). x is bf16, or fp32 rounded to
-// bf16 as it is read; y is bf16 (rounded once, nearest even, as torch rounds) or the fp32 accumulators.
+// y[M, N] = x[M, K] @ W^T with bf16 weights, on CPUs with AVX512_BF16 and AMX (engine.model.tiled_linear.runs), W
+// laid out once at load as column tiles of k pairs [N/16, K/2, 16, 2] (engine/model/tiled_linear.py). x is bf16, or
+// fp32 rounded to bf16 as it is read; y is bf16 (rounded once, nearest even, as torch rounds) or the fp32
+// accumulators.
 //
 // Why our own: oneDNN's bf16 GEMMs switch kernels with the row count (AMX from some M on), so a row's bits depended
 // on its batch. Here every output element is one fixed chain of bf16 pair products into fp32 in k order, whatever
@@ -9,8 +10,9 @@
 // - AMX (K a multiple of 32): tile multiplies of 16 rows x 16 columns x 32 k; x is zero-padded to whole tiles.
 //   SmolLM2's linears, 30 layers, 2-core Xeon: 5.7 ms at 1 row, 8.3 at 8, 7.7 at 16, 81 at 512 (1.3 TFLOP/s),
 //   against our fp32 kernel's 9.1 / 13.0 / 19.2 / 363 and prepacked oneDNN bf16's 7.1 / 10.2 / 11.4 / 74.
-// - vdpbf16ps: the fp32 kernel's register blocks (tiled_linear.cpp), one instruction adding a k pair's products
-//   for 16 columns.
+// - vdpbf16ps (a K that is not a multiple of 32; tests): the fp32 kernel's register blocks (tiled_linear.cpp), one
+//   instruction adding a k pair's products for 16 columns. On the Xeon it runs at fp32 FMA's rate, so only AMX
+//   makes bf16 worth our kernel: where the CPU has no AMX, bf16 stays on oneDNN.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -186,6 +188,19 @@ SIE_AMX void amx_units(const uint16_t* x, const uint16_t* w, int64_t M, int64_t 
   _tile_release();
 }
 
+// dst[M, K] = src rows rounded to bf16 (nearest even, as torch rounds), across both cores: torch's copy_ did it
+// at ~6 GB/s, 5 % of a bf16 prefill. K is a multiple of 32.
+SIE_BF16 void round_row(const float* src, int64_t K, uint16_t* dst) {
+  for (int64_t k = 0; k < K; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
+}
+
+void round_rows(const float* src, int64_t src_stride, int64_t M, int64_t K, uint16_t* dst) {
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) round_row(src + r * src_stride, K, dst + r * K);
+  });
+}
+
 template <typename Out>
 void amx_panels(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K2, int64_t N, Out* y) {
   at::parallel_for(0, N / (2 * kTile), 1,
@@ -211,8 +226,12 @@ at::Tensor tiled_linear_bf16(const at::Tensor& x_in, const at::Tensor& tiles, bo
   if (amx && K2 % 16 == 0 && has_amx()) {
     const int64_t padded_rows = (M + 15) / 16 * 16;
     at::Tensor x = at::empty({padded_rows, 2 * K2}, x_in.options().dtype(at::kBFloat16));
-    x.narrow(0, 0, M).copy_(x_in);  // rounded to bf16 (nearest even) when x is fp32
     x.narrow(0, M, padded_rows - M).zero_();
+    if (x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1)
+      round_rows(x_in.data_ptr<float>(), x_in.stride(0), M, 2 * K2,
+                 reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()));
+    else
+      x.narrow(0, 0, M).copy_(x_in);
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
     const auto* wp = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
     if (float_out)
