@@ -39,6 +39,21 @@ def test_pack_round_trip_is_exact():
 needs_tiled = pytest.mark.skipif(not tiled_linear.available(), reason="the tiled kernel cannot be built here")
 
 
+def _greedy_tokens(fwd, first_logits: torch.Tensor, prompt: list[int], new: int = 6) -> list[int]:
+    """`new` greedy tokens from our forward, the first from the prompt's logits, the rest by decode steps."""
+    tokens, pos = [int(first_logits.argmax())], len(prompt)
+    for _ in range(new - 1):
+        tokens.append(int(fwd.decode([tokens[-1]], [pos])[0].argmax()))
+        pos += 1
+    return tokens
+
+
+def _hf_greedy_tokens(model, prompt: list[int], new: int = 6) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=new, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
 @needs_tiled
 @pytest.mark.parametrize(("out_features", "rows"), [(96, 1), (100, 8), (64, 13), (200, 37)])
 def test_tiled_linear_matches_f_linear(out_features, rows):
@@ -157,14 +172,7 @@ def test_forward_with_each_kind_matches_hf(monkeypatch, kind):
     ref = model(torch.tensor([prompt])).logits[0, -1]
     got = fwd.prefill(0, prompt, 0)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-    # greedy decode agrees with HF's greedy generate
-    tokens, pos = [int(got.argmax())], len(prompt)
-    for _ in range(5):
-        tokens.append(int(fwd.decode([tokens[-1]], [pos])[0].argmax()))
-        pos += 1
-    hf = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                        max_new_tokens=6, do_sample=False)
-    assert tokens == hf[0, len(prompt):].tolist()
+    assert _greedy_tokens(fwd, got, prompt) == _hf_greedy_tokens(model, prompt)
 
 
 @needs_tiled_bf16
@@ -191,13 +199,7 @@ def test_bf16_weights_on_the_tiled_kernel_keep_fp32_activations(monkeypatch):
     assert got.dtype == torch.float32
     assert (got - ref).abs().max() < (hf_bf16 - ref).abs().max()
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-2)
-    tokens, pos = [int(got.argmax())], len(prompt)
-    for _ in range(5):
-        tokens.append(int(fwd.decode([tokens[-1]], [pos])[0].argmax()))
-        pos += 1
-    fp32 = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                              max_new_tokens=6, do_sample=False)
-    assert tokens == fp32[0, len(prompt):].tolist()
+    assert _greedy_tokens(fwd, got, prompt) == _hf_greedy_tokens(reference, prompt)  # the fp32 model's tokens
 
 
 @needs_tiled_bf16

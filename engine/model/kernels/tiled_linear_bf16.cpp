@@ -223,30 +223,31 @@ at::Tensor tiled_linear_bf16(const at::Tensor& x_in, const at::Tensor& tiles, bo
   const int64_t M = x_in.size(0), K2 = tiles.size(1), N = tiles.size(0) * kTile;
   at::Tensor y = at::empty({M, N}, x_in.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   if (M == 0) return y;
-  if (amx && K2 % 16 == 0 && has_amx()) {
-    const int64_t padded_rows = (M + 15) / 16 * 16;
-    at::Tensor x = at::empty({padded_rows, 2 * K2}, x_in.options().dtype(at::kBFloat16));
-    x.narrow(0, M, padded_rows - M).zero_();
+  const bool on_amx = amx && K2 % 16 == 0 && has_amx();
+  at::Tensor x;
+  if (on_amx) {  // whole 16-row tiles, zero rows past M
+    x = at::empty({(M + 15) / 16 * 16, 2 * K2}, x_in.options().dtype(at::kBFloat16));
+    x.narrow(0, M, x.size(0) - M).zero_();
     if (x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1)
       round_rows(x_in.data_ptr<float>(), x_in.stride(0), M, 2 * K2,
                  reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()));
     else
       x.narrow(0, 0, M).copy_(x_in);
-    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-    const auto* wp = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
-    if (float_out)
-      amx_panels(xp, wp, M, K2, N, y.data_ptr<float>());
-    else
-      amx_panels(xp, wp, M, K2, N, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
-    return y;
+  } else {
+    x = x_in.to(at::kBFloat16).contiguous();
   }
-  const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const auto* wp = reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>());
+  auto run = [&](auto* yp) {
+    if (on_amx)
+      amx_panels(xp, wp, M, K2, N, yp);
+    else
+      run_panels(xp, wp, M, K2, N, yp);
+  };
   if (float_out)
-    run_panels(xp, wp, M, K2, N, y.data_ptr<float>());
+    run(y.data_ptr<float>());
   else
-    run_panels(xp, wp, M, K2, N, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
+    run(reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
   return y;
 }
 
