@@ -42,24 +42,24 @@ def runs(dtype: torch.dtype) -> bool:
 class TiledWeight:
     """A [N, K] weight laid out as column tiles, zero rows padding N to a multiple of 96: fp32 as
     [N/16, K, 16]; bf16 as [N/16, K/2, 32], each k pair of a tile's 16 columns interleaved (column c's k, k+1 side
-    by side), what one `vdpbf16ps` multiplies; an odd K gets a zero column."""
+    by side), what one AMX B-tile row or `vdpbf16ps` multiplies; an odd K gets a zero column. One layout rule for
+    both: [N/16, K/pair, 16, pair] with pair 1 (fp32) or 2 (bf16)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         n, k = weight.shape
         self.out_features, self.in_features = n, k
-        self.dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
-        padded = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
-        w = weight.detach().to(self.dtype)
-        if self.dtype == torch.bfloat16:
-            k_padded = k + k % 2
-            if (padded, k_padded) != (n, k):  # only then a padded copy: the layout's own copy is the one load pays for
-                w = F.pad(w, (0, k_padded - k, 0, padded - n))
-            self.tiles = w.view(padded // TILE, TILE, k_padded // 2, 2).transpose(1, 2).reshape(
-                padded // TILE, k_padded // 2, 2 * TILE)
-        else:
-            if padded != n:
-                w = F.pad(w, (0, 0, 0, padded - n))
-            self.tiles = w.view(padded // TILE, TILE, k).transpose(1, 2).contiguous()
+        w = weight.detach().to(torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32)
+        pair = 2 if w.dtype == torch.bfloat16 else 1
+        padded_n = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
+        padded_k = -(-k // pair) * pair
+        if (padded_n, padded_k) != (n, k):  # only then a padded copy: the layout's own copy is the one load pays for
+            w = F.pad(w, (0, padded_k - k, 0, padded_n - n))
+        self.tiles = w.view(padded_n // TILE, TILE, padded_k // pair, pair).transpose(1, 2).contiguous().view(
+            padded_n // TILE, padded_k // pair, pair * TILE)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tiles.dtype
 
     @property
     def shape(self) -> torch.Size:
@@ -67,11 +67,10 @@ class TiledWeight:
 
     def dense(self) -> torch.Tensor:
         """The [N, K] weight back (exact)."""
-        tiles = self.tiles
-        if self.dtype == torch.bfloat16:
-            tiles = tiles.view(tiles.shape[0], -1, TILE, 2).transpose(1, 2).reshape(tiles.shape[0], TILE, -1)
-            return tiles.reshape(-1, tiles.shape[2])[: self.out_features, : self.in_features].contiguous()
-        return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[: self.out_features].contiguous()
+        tiles, pair = self.tiles, 2 if self.dtype == torch.bfloat16 else 1
+        groups, steps = tiles.shape[:2]
+        dense = tiles.view(groups, steps, TILE, pair).transpose(1, 2).reshape(groups * TILE, steps * pair)
+        return dense[: self.out_features, : self.in_features].contiguous()
 
 
 def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None = None,
