@@ -18,13 +18,11 @@
 #include <torch/library.h>
 #include <torch/types.h>
 
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+
+#include "amx.h"
 
 namespace {
 
@@ -98,31 +96,8 @@ bool has_avx512_bf16() {
 // 16-row tiles), so AMX keeps the batch invariance; its bits differ from the vdpbf16ps kernel's, and the kernel
 // picks one of the two by the CPU and the weight's shape alone, never by the row count.
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-bool has_amx() {
-  static const bool yes = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return false;
-    // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA)
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return yes;
-}
-
-#define SIE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
-
 // Tiles 0-3: the fp32 accumulators (row block r, column tile c at 2r + c); 4-5: x's row blocks; 6-7: the two
-// weight tiles. All 16 rows x 64 bytes.
-SIE_AMX void load_tile_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-}
+// weight tiles (amx.h's configuration).
 
 // c [RB*16, 32] fp32 = x rows [RB*16, K] . two weight tiles' columns, over all K/32 k blocks in order.
 template <int RB>

@@ -1,0 +1,334 @@
+// Causal attention with bf16 products on AMX tiles, for the bf16 profile on AMX CPUs, where the activations and the
+// KV cache stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a prefill chunk, a decode
+// step), the same arguments, fp32 in and out.
+//
+// Why: in a bf16 prefill the linears run on AMX and the fp32 attention kernel became half the time (330 of 620 ms
+// on a 1.5k-token prompt, 2-core Xeon). Here Q.K^T and P.V are tile multiplies: Q is scaled then rounded to bf16, K
+// and V are rounded as they are read from the fp32 cache, and P, an fp32 softmax's exps, is rounded before it
+// multiplies V; every product adds into fp32.
+//
+// The guarantees of causal_attention.cpp hold: a query's output depends only on its own q and keys 0..its position,
+// each in one fixed chain: a score over d in tile steps of 32; the softmax's max exact and its denominator (the
+// sum of the rounded exps) in 16 fixed lanes from key 0; each output over 32-key blocks from key 0, blocks past
+// the row's position adding exact zeros. A tile's other rows never enter a row's chain, so a prefix-cache hit gives
+// the same bits as a miss, a prompt the same bits whatever its chunking or batch, and a decode step the bits a
+// prefill gives (a decode row is one zero-padded 16-row tile, through the same blocks).
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "amx.h"
+
+namespace {
+
+#define SIE_ISA avx512
+#define SIE_VEC_BITS 512
+#define SIE_TARGET __attribute__((target("avx512f")))
+#include "vec16.h"
+#undef SIE_ISA
+#undef SIE_VEC_BITS
+#undef SIE_TARGET
+using avx512::Vec16;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+constexpr int64_t kKeyBlock = 32;   // keys per P.V tile step (16 pairs), and the multiple every key range rounds to
+constexpr int64_t kBlockRows = 64;  // a prefill work item's query rows (position x head of the group), 4 row tiles
+
+// Buffers that outlive a call, one per thread and slot, grown to the largest size asked (causal_attention.cpp's
+// scratch: fresh ones cost a page fault per 4 KB every call).
+enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kCount };
+
+template <typename T>
+T* scratch(Scratch slot, int64_t count) {
+  thread_local std::vector<char> buffers[static_cast<int>(Scratch::kCount)];
+  std::vector<char>& buffer = buffers[static_cast<int>(slot)];
+  const size_t bytes = count * sizeof(T) + 64;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+}
+
+// 16 fp32 -> 16 bf16 (nearest even), and the bf16 back as fp32 (exact)
+SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+SIE_AMX inline __m512 from_bf16(__m256i b) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// Keys 0..keys-1 of one head (rows ld floats apart) as Q.K^T's B tiles: [keys_pad / 16][D / 2][16] dwords, dword
+// (i, j) of a 16-key group the bf16 pair (k[j][2i], k[j][2i + 1]); zero keys up to keys_pad.
+SIE_AMX void pack_keys(const float* k, int64_t ld, int64_t keys, int64_t keys_pad, int64_t D, uint32_t* dst) {
+  alignas(64) uint32_t rows[16 * 128];  // 16 keys x D / 2 pairs (D <= 256)
+  for (int64_t first = 0; first < keys_pad; first += 16) {
+    for (int64_t j = 0; j < 16; ++j) {
+      uint32_t* row = rows + j * (D / 2);
+      if (first + j >= keys) {
+        std::fill(row, row + D / 2, 0u);
+        continue;
+      }
+      for (int64_t d = 0; d < D; d += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2), to_bf16(_mm512_loadu_ps(k + (first + j) * ld + d)));
+    }
+    uint32_t* out = dst + first * (D / 2);
+    for (int64_t i = 0; i < D / 2; i += 16)  // dwords move as floats: the transpose only shuffles bits
+      avx512::transpose16x16(reinterpret_cast<const float*>(rows + i), D / 2, reinterpret_cast<float*>(out + i * 16), 16);
+  }
+}
+
+// Values 0..keys-1 of one head as P.V's B tiles: [keys_pad / 32][D / 16][16][16] dwords, dword (p, c) of a 32-key
+// block and 16-column group the bf16 pair (v[2p][c], v[2p + 1][c]); zero keys up to keys_pad (P is zero there, and
+// zero times the cache's stale values could be a NaN).
+SIE_AMX void pack_values(const float* v, int64_t ld, int64_t keys, int64_t keys_pad, int64_t D, uint32_t* dst) {
+  for (int64_t first = 0; first < keys_pad; first += kKeyBlock)
+    for (int64_t c = 0; c < D; c += 16) {
+      uint32_t* tile = dst + (first / kKeyBlock * (D / 16) + c / 16) * 256;
+      for (int64_t p = 0; p < 16; ++p) {
+        const int64_t even = first + 2 * p, odd = even + 1;
+        const __m256i e = even < keys ? to_bf16(_mm512_loadu_ps(v + even * ld + c)) : _mm256_setzero_si256();
+        const __m256i o = odd < keys ? to_bf16(_mm512_loadu_ps(v + odd * ld + c)) : _mm256_setzero_si256();
+        const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(e), _mm512_slli_epi32(_mm512_cvtepu16_epi32(o), 16));
+        _mm512_storeu_si512(tile + p * 16, pair);
+      }
+    }
+}
+
+// One query row, scaled and rounded: dst[D] bf16
+SIE_AMX inline void pack_query(const float* q, float scale, int64_t D, uint16_t* dst) {
+  for (int64_t d = 0; d < D; d += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), to_bf16(_mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_set1_ps(scale))));
+}
+
+// A row's scores s[0..valid) become bf16 exps p[0..end) (exact zeros from valid on); returns the sum of the rounded
+// exps, from 16 lanes that each add their keys in order from key 0 (the zeros past valid add nothing).
+SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16_t* p) {
+  const int64_t whole = valid / 16 * 16;
+  Vec16 m = Vec16::set1(-INFINITY);
+  for (int64_t key = 0; key < whole; key += 16) m = max(m, Vec16::load(s + key));
+  if (whole < valid) m = max(m, Vec16::load(s + whole).below(whole, valid, -INFINITY));
+  const Vec16 top = Vec16::set1(avx512::fold_max(m));
+  Vec16 sum = Vec16::zero();
+  int64_t key = 0;
+  for (; key < valid; key += 16) {
+    const __m256i b = to_bf16(exp(Vec16::load(s + key) - top).below(key, valid, 0.0f).v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + key), b);
+    sum = sum + Vec16{from_bf16(b)};
+  }
+  for (; key < end; key += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + key), _mm256_setzero_si256());
+  return avx512::fold_add(sum);
+}
+
+SIE_AMX inline void zero_accumulators() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// The rows of one work item: q [rows, D] bf16 (rows a multiple of 16, zero rows past the real ones), against keys
+// 0..key_end-1 of the packed kt / vt (key_end a multiple of 32); `valid[r]`: the keys row r sees. Writes out row r
+// to `dst[r]`, divided by its denominator. Scratch: s [rows, key_end] fp32, p [rows, key_end] bf16, o [rows, D].
+// Tile registers: 0-3 the accumulators of 2 row tiles x 2 column tiles, 4-5 the row tiles, 6-7 the column tiles.
+SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int64_t D, const uint32_t* kt,
+                         const uint32_t* vt, int64_t key_end, const int64_t* valid, float* const* dst) {
+  float* s = scratch<float>(Scratch::kScores, rows * key_end);
+  uint16_t* p = scratch<uint16_t>(Scratch::kProbs, rows * key_end);
+  float* o = scratch<float>(Scratch::kOutputs, rows * D);
+  const int64_t q_bytes = 2 * D, s_bytes = 4 * key_end, p_bytes = 2 * key_end, o_bytes = 4 * D;
+  for (int64_t r = 0; r < rows; r += 32) {  // S = Q.K^T, 32 keys at a time, d in steps of 32
+    const bool two = rows - r >= 32;
+    for (int64_t key = 0; key < key_end; key += 32) {
+      zero_accumulators();
+      for (int64_t d = 0; d < D; d += 32) {
+        _tile_loadd(4, q + r * D + d, q_bytes);
+        _tile_loadd(6, kt + key * (D / 2) + d / 2 * 16, 64);
+        _tile_loadd(7, kt + (key + 16) * (D / 2) + d / 2 * 16, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, q + (r + 16) * D + d, q_bytes);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, s + r * key_end + key, s_bytes);
+      _tile_stored(1, s + r * key_end + key + 16, s_bytes);
+      if (two) {
+        _tile_stored(2, s + (r + 16) * key_end + key, s_bytes);
+        _tile_stored(3, s + (r + 16) * key_end + key + 16, s_bytes);
+      }
+    }
+  }
+  std::vector<float> denom(rows_real);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r < rows_real)
+      denom[r] = softmax_to_bf16(s + r * key_end, valid[r], key_end, p + r * key_end);
+    else
+      std::fill(p + r * key_end, p + (r + 1) * key_end, uint16_t(0));
+  }
+  for (int64_t r = 0; r < rows; r += 32) {  // O = P.V, 32 columns at a time, keys in blocks of 32 from key 0
+    const bool two = rows - r >= 32;
+    for (int64_t c = 0; c < D; c += 32) {
+      zero_accumulators();
+      for (int64_t key = 0; key < key_end; key += kKeyBlock) {
+        const uint32_t* v = vt + (key / kKeyBlock * (D / 16) + c / 16) * 256;
+        _tile_loadd(4, p + r * key_end + key, p_bytes);
+        _tile_loadd(6, v, 64);
+        _tile_loadd(7, v + 256, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, p + (r + 16) * key_end + key, p_bytes);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, o + r * D + c, o_bytes);
+      _tile_stored(1, o + r * D + c + 16, o_bytes);
+      if (two) {
+        _tile_stored(2, o + (r + 16) * D + c, o_bytes);
+        _tile_stored(3, o + (r + 16) * D + c + 16, o_bytes);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows_real; ++r)
+    for (int64_t d = 0; d < D; ++d) dst[r][d] = o[r * D + d] / denom[r];
+}
+
+void check_common(const at::Tensor& q, int64_t D) {
+  TORCH_CHECK(has_amx(), "attention_amx: this CPU (or OS) gives no AMX");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "attention_amx: fp32 queries, keys and values");
+  TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_amx: head_dim a multiple of 32, at most 256");
+}
+
+// causal_attention.cpp's causal_attention, on AMX: q [n, Hq, D] for positions start..start+n-1, k and v [Hkv, >=
+// start+n, D] (the chunk's own keys written) -> [n, Hq, D].
+at::Tensor causal_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
+                                double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention_amx: q [n, Hq, D], k/v [Hkv, L, D]");
+  const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(0), keys = start + n;
+  check_common(q, D);
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(2) == D && v.size(2) == D,
+              "causal_attention_amx: fp32 k and v of q's head_dim");
+  TORCH_CHECK(hq % hkv == 0 && v.size(0) == hkv, "causal_attention_amx: query heads a multiple of KV heads");
+  TORCH_CHECK(start >= 0 && k.size(1) >= keys && v.size(1) >= keys, "causal_attention_amx: keys 0..start+n needed");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D && k.stride(2) == 1 && v.stride(2) == 1,
+              "causal_attention_amx: rows of contiguous heads, contiguous features");
+  at::Tensor out = at::empty({n, hq, D}, q.options());
+  if (n == 0) return out;
+  const int64_t keys_pad = round_up(keys, kKeyBlock), group = hq / hkv;
+  // every KV head's keys and values packed once, in 32-key blocks across both cores
+  uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, hkv * keys_pad * D / 2);
+  uint32_t* vt = scratch<uint32_t>(Scratch::kValues, hkv * keys_pad * D / 2);
+  const int64_t blocks = keys_pad / kKeyBlock;
+  at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, count = std::min(kKeyBlock, keys - first);
+      const int64_t offset = g * keys_pad * D / 2 + first * D / 2;
+      pack_keys(k.data_ptr<float>() + g * k.stride(0) + first * k.stride(1), k.stride(1), count, kKeyBlock, D,
+                kt + offset);
+      pack_values(v.data_ptr<float>() + g * v.stride(0) + first * v.stride(1), v.stride(1), count, kKeyBlock, D,
+                  vt + offset);
+    }
+  });
+  const int64_t block_positions = std::max<int64_t>(1, kBlockRows / group);
+  const int64_t q_blocks = (n + block_positions - 1) / block_positions;
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // work items alternate the cheapest and the dearest query blocks, as in causal_attention.cpp
+  at::parallel_for(0, hkv * q_blocks, 1, [&](int64_t lo, int64_t hi) {
+    load_tile_config();
+    for (int64_t w = lo; w < hi; ++w) {
+      const int64_t g = w % hkv, j = w / hkv;
+      const int64_t qb = j % 2 == 0 ? j / 2 : q_blocks - 1 - j / 2;
+      const int64_t first = qb * block_positions, positions = std::min(block_positions, n - first);
+      const int64_t rows_real = positions * group, rows = round_up(rows_real, 16);
+      uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
+      std::vector<int64_t> valid(rows_real);
+      std::vector<float*> dst(rows_real);
+      for (int64_t r = 0; r < rows_real; ++r) {
+        const int64_t pos = first + r / group, head = g * group + r % group;
+        pack_query(qp + pos * q.stride(0) + head * D, static_cast<float>(scale), D, qs + r * D);
+        valid[r] = start + pos + 1;
+        dst[r] = op + (pos * hq + head) * D;
+      }
+      std::fill(qs + rows_real * D, qs + rows * D, uint16_t(0));
+      const int64_t key_end = round_up(start + first + positions, kKeyBlock);
+      attend_rows(qs, rows, rows_real, D, kt + g * keys_pad * D / 2, vt + g * keys_pad * D / 2, key_end,
+                  valid.data(), dst.data());
+    }
+    release_tiles();
+  });
+  return out;
+}
+
+// causal_attention.cpp's decode_attention, on AMX: q [B, Hq, D], the new k and v [B, Hkv, D], the layer's caches
+// [slots, Hkv, L, D] (written at positions[b], then read over 0..positions[b]) -> [B, Hq, D], the bits
+// causal_attention_amx gives that query.
+at::Tensor decode_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions,
+                                double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
+              "decode_attention_amx: q [B, Hq, D], k/v [B, Hkv, D], caches [slots, Hkv, L, D]");
+  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), len = k_cache.size(2);
+  check_common(q, D);
+  for (const at::Tensor* t : {&q, &k, &v, &k_cache, &v_cache})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention_amx: fp32, features contiguous");
+  TORCH_CHECK(k_cache.size(3) == D && hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b &&
+                  v.size(0) == b,
+              "decode_attention_amx: query heads a multiple of KV heads, one new key and value per row");
+  TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention_amx: heads contiguous");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
+                  k_cache.size(0) >= b && k_cache.stride(2) == D,
+              "decode_attention_amx: caches alike, a slot per row");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == b,
+              "decode_attention_amx: int64 positions [B]");
+  const at::Tensor pos = positions.contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b; ++i)
+    TORCH_CHECK(pp[i] >= 0 && pp[i] < len, "decode_attention_amx: a position outside the cache");
+  at::Tensor out = at::empty({b, hq, D}, q.options());
+  if (b == 0) return out;
+  const int64_t group = hq / hkv, rows = round_up(group, 16);
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  at::parallel_for(0, b * hkv, 1, [&](int64_t lo, int64_t hi) {
+    load_tile_config();
+    for (int64_t w = lo; w < hi; ++w) {
+      const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
+      float* kh = kc + row * k_cache.stride(0) + g * k_cache.stride(1);
+      float* vh = vc + row * v_cache.stride(0) + g * v_cache.stride(1);
+      std::copy_n(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh + p * D);
+      std::copy_n(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh + p * D);
+      uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
+      uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
+      pack_keys(kh, D, keys, key_end, D, kt);
+      pack_values(vh, D, keys, key_end, D, vt);
+      uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
+      std::vector<int64_t> valid(group, keys);
+      std::vector<float*> dst(group);
+      for (int64_t r = 0; r < group; ++r) {
+        pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
+                   qs + r * D);
+        dst[r] = out.data_ptr<float>() + (row * hq + g * group + r) * D;
+      }
+      std::fill(qs + group * D, qs + rows * D, uint16_t(0));
+      attend_rows(qs, rows, group, D, kt, vt, key_end, valid.data(), dst.data());
+    }
+    release_tiles();
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(sie_kernels, m) {
+  m.def("causal_attention_amx(Tensor q, Tensor k, Tensor v, int start, float scale) -> Tensor");
+  m.impl("causal_attention_amx", c10::DispatchKey::CPU, TORCH_FN(causal_attention_amx));
+  m.def("decode_attention_amx(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor positions, float scale) -> Tensor");
+  m.impl("decode_attention_amx", c10::DispatchKey::CPU, TORCH_FN(decode_attention_amx));
+}
