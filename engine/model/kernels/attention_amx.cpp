@@ -9,7 +9,7 @@
 //
 // The guarantees of causal_attention.cpp hold: a query's output depends only on its own q and keys 0..its position,
 // each in one fixed chain: a score over d in tile steps of 32; the softmax's max exact and its denominator (the
-// sum of the rounded exps) in 16 fixed lanes from key 0; each output over 32-key blocks from key 0, blocks past
+// exps' fp32 sum) in 4 x 16 fixed lanes from key 0; each output over 32-key blocks from key 0, blocks past
 // the row's position adding exact zeros. A tile's other rows never enter a row's chain, so a prefix-cache hit gives
 // the same bits as a miss, a prompt the same bits whatever its chunking or batch, and a decode step the bits a
 // prefill gives (a decode row is one zero-padded 16-row tile, through the same blocks).
@@ -53,11 +53,8 @@ T* scratch(Scratch slot, int64_t count) {
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
 }
 
-// 16 fp32 -> 16 bf16 (nearest even), and the bf16 back as fp32 (exact)
+// 16 fp32 -> 16 bf16 (nearest even)
 SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
-SIE_AMX inline __m512 from_bf16(__m256i b) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-}
 
 // Keys 0..keys-1 of one head (rows ld floats apart) as Q.K^T's B tiles: [keys_pad / 16][D / 2][16] dwords, dword
 // (i, j) of a 16-key group the bf16 pair (k[j][2i], k[j][2i + 1]); zero keys up to keys_pad.
@@ -102,23 +99,53 @@ SIE_AMX inline void pack_query(const float* q, float scale, int64_t D, uint16_t*
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), to_bf16(_mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_set1_ps(scale))));
 }
 
-// A row's scores s[0..valid) become bf16 exps p[0..end) (exact zeros from valid on); returns the sum of the rounded
-// exps, from 16 lanes that each add their keys in order from key 0 (the zeros past valid add nothing).
+// exp(x) for x <= 0 to about 4e-5 (the exps are rounded to bf16, 2^-9, next): 2^n * p(r), r = x - n ln2 in
+// [-0.35, 0.35], p Taylor's to r^4, 2^n by vscalefps (exact, and 0 far below the normal range). Half the
+// instructions of vec16.h's fp32 exp, and the exp was half of a prefill chunk's attention.
+SIE_AMX inline __m512 exp_to_bf16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945309f), x);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 24), r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// exp(s[at..at+16) - top), the lanes outside `keep` zero, stored to p as bf16; returns the fp32 exps
+SIE_AMX inline __m512 exps(const float* s, __m512 top, int64_t at, __mmask16 keep, uint16_t* p) {
+  const __m512 e = _mm512_maskz_mov_ps(keep, exp_to_bf16(_mm512_sub_ps(_mm512_loadu_ps(s + at), top)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + at), to_bf16(e));
+  return e;
+}
+
+// A row's scores s[0..valid) become bf16 exps p[0..end) (exact zeros from valid on); returns the exps' fp32 sum.
+// Vector j of the row (keys 16j..16j+15) adds into accumulator j % 4, so four chains run at once, in an order
+// fixed by the key positions alone; the zeros past valid would add nothing, so they are not added. Whole vectors
+// of valid keys need no mask; only the one that straddles `valid` does.
 SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16_t* p) {
   const int64_t whole = valid / 16 * 16;
-  Vec16 m = Vec16::set1(-INFINITY);
-  for (int64_t key = 0; key < whole; key += 16) m = max(m, Vec16::load(s + key));
-  if (whole < valid) m = max(m, Vec16::load(s + whole).below(whole, valid, -INFINITY));
-  const Vec16 top = Vec16::set1(avx512::fold_max(m));
-  Vec16 sum = Vec16::zero();
+  __m512 m[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
+                 _mm512_set1_ps(-INFINITY)};
   int64_t key = 0;
-  for (; key < valid; key += 16) {
-    const __m256i b = to_bf16(exp(Vec16::load(s + key) - top).below(key, valid, 0.0f).v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + key), b);
-    sum = sum + Vec16{from_bf16(b)};
+  for (; key + 64 <= whole; key += 64)
+    for (int j = 0; j < 4; ++j) m[j] = _mm512_max_ps(m[j], _mm512_loadu_ps(s + key + 16 * j));
+  for (; key < whole; key += 16) m[0] = _mm512_max_ps(m[0], _mm512_loadu_ps(s + key));
+  if (whole < valid)
+    m[1] = _mm512_max_ps(m[1], _mm512_mask_loadu_ps(m[1], static_cast<__mmask16>((1u << (valid - whole)) - 1),
+                                                    s + whole));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]),
+                                                                       _mm512_max_ps(m[2], m[3]))));
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (key = 0; key + 64 <= whole; key += 64)
+    for (int j = 0; j < 4; ++j) sum[j] = _mm512_add_ps(sum[j], exps(s, top, key + 16 * j, 0xFFFF, p));
+  for (int j = 0; key < valid; key += 16, ++j) {  // at most 3 whole vectors and the partial one: j < 4
+    const __m512 e = exps(s, top, key, key + 16 <= valid ? 0xFFFF : static_cast<__mmask16>((1u << (valid - key)) - 1), p);
+    sum[j] = _mm512_add_ps(sum[j], e);
   }
   for (; key < end; key += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + key), _mm256_setzero_si256());
-  return avx512::fold_add(sum);
+  return avx512::fold_add(Vec16{_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]))});
 }
 
 SIE_AMX inline void zero_accumulators() {
