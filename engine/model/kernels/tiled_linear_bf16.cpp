@@ -99,9 +99,11 @@ bool has_avx512_bf16() {
 // Tiles 0-3: the fp32 accumulators (row block r, column tile c at 2r + c); 4-5: x's row blocks; 6-7: the two
 // weight tiles (amx.h's configuration).
 
-// c [RB*16, 32] fp32 = x rows [RB*16, K] . two weight tiles' columns, over all K/32 k blocks in order.
+// c [RB*16, 32] fp32 (rows ldc floats apart) = x rows [RB*16, K] . two weight tiles' columns, over all K/32 k
+// blocks in order.
 template <int RB>
-SIE_AMX void amx_block(const uint16_t* x, int64_t K2, const uint16_t* w0, const uint16_t* w1, float* c) {
+SIE_AMX void amx_block(const uint16_t* x, int64_t K2, const uint16_t* w0, const uint16_t* w1, float* c,
+                       int64_t ldc) {
   const int64_t x_stride = 4 * K2;  // bytes per x row
   _tile_zero(0);
   _tile_zero(1);
@@ -121,11 +123,11 @@ SIE_AMX void amx_block(const uint16_t* x, int64_t K2, const uint16_t* w0, const 
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  _tile_stored(0, c, 128);
-  _tile_stored(1, c + 16, 128);
+  _tile_stored(0, c, 4 * ldc);
+  _tile_stored(1, c + 16, 4 * ldc);
   if constexpr (RB == 2) {
-    _tile_stored(2, c + 16 * 32, 128);
-    _tile_stored(3, c + 16 * 32 + 16, 128);
+    _tile_stored(2, c + 16 * ldc, 4 * ldc);
+    _tile_stored(3, c + 16 * ldc + 16, 4 * ldc);
   }
 }
 
@@ -152,10 +154,16 @@ SIE_AMX void amx_units(const uint16_t* x, const uint16_t* w, int64_t M, int64_t 
     const uint16_t* w1 = w0 + K2 * 2 * kTile;
     for (int64_t r = 0; r < padded_rows; r += 32) {
       const int64_t blocks = padded_rows - r >= 32 ? 2 : 1;
+      if constexpr (std::is_same_v<Out, float>) {
+        if (r + 32 <= M) {  // fp32 out, a whole block: the tiles go straight to y
+          amx_block<2>(x + r * 2 * K2, K2, w0, w1, y + r * N + u * 2 * kTile, N);
+          continue;
+        }
+      }
       if (blocks == 2)
-        amx_block<2>(x + r * 2 * K2, K2, w0, w1, c);
+        amx_block<2>(x + r * 2 * K2, K2, w0, w1, c, 32);
       else
-        amx_block<1>(x + r * 2 * K2, K2, w0, w1, c);
+        amx_block<1>(x + r * 2 * K2, K2, w0, w1, c, 32);
       for (int64_t i = 0; i < std::min<int64_t>(16 * blocks, M - r); ++i)
         store_row(c + i * 32, y + (r + i) * N + u * 2 * kTile);
     }
