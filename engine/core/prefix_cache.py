@@ -109,6 +109,8 @@ class PrefixCache:
         permuted copy, moved every byte three times: ~100 ms for 1.5k tokens on a 2-core box)."""
         b = self.block_tokens
         for number, row, count in _runs(blocks):
+            if into_cache:
+                self.cache.mark(slot, (number + count) * b)
             for pool, cache in ((self.k, self.cache.k), (self.v, self.cache.v)):
                 positions = cache[:, slot, :, number * b : (number + count) * b].unflatten(2, (count, b))
                 pooled = pool[:, row : row + count].permute(0, 2, 1, 3, 4)  # [L, H, count, B, D] like positions

@@ -20,6 +20,7 @@ class SlotTable:
         self.max_slots = cache.slots
         self.max_len = cache.max_len
         self.kv_budget = kv_budget_tokens or self.max_slots * self.max_len
+        cache.resident_budget = self.kv_budget  # freed slots keep their pages, zeroed, up to what admission allows
         self.reserved = 0
         self.decoding: list[Sequence] = []
         self.prefilling: SequenceGroup | None = None

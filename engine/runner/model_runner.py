@@ -54,6 +54,7 @@ class ModelRunner:
     def _prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None, embeds: torch.Tensor | None,
                  sample: bool) -> torch.Tensor | None:
         lora = self._lora([adapter] * len(token_ids)) if adapter else None  # every token runs on the adapter
+        self.cache.mark(slot, start + len(token_ids))
         return self.decoder.prefill(self.cache, slot, token_ids, start, lora, embeds, sample)
 
     def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None],
@@ -61,6 +62,8 @@ class ModelRunner:
         """The prompts of several new sequences in one forward; returns [k, V] last logits. `starts`: the
         positions each slot already holds (a cached prefix), which `prompts` continue; None: whole prompts."""
         lora = self._lora(self.decoder.batch_token_adapters(prompts, adapters)) if any(adapters) else None
+        for slot, prompt, start in zip(slots, prompts, starts or [0] * len(prompts), strict=True):
+            self.cache.mark(slot, start + len(prompt))
         return self.decoder.prefill_batch(self.cache, slots, prompts, starts=starts, lora=lora)
 
     @torch.inference_mode()
@@ -68,6 +71,8 @@ class ModelRunner:
                ) -> torch.Tensor:
         """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
         with_lora = bool(adapters and any(adapters))
+        for slot, position in enumerate(positions):
+            self.cache.mark(slot, position + 1)
         if self.graphs is not None and not with_lora:
             hidden = self.graphs.run(token_ids, positions)
             if hidden is not None:

@@ -288,8 +288,9 @@ def _zero_from(cache, slot: int, position: int) -> bool:
 
 
 def test_retired_slots_give_their_memory_back(real_engine, make_scheduler, prompts):
-    """A freed slot's pages go back to the OS (they read as zeros again), so resident KV memory follows the
-    sequences running now instead of ratcheting up to slots x context over hours (issue 11 soak)."""
+    """A freed slot reads zeros again past what its new sequence holds (its pages zeroed in place within the KV
+    budget, engine/model/kv_cache.py), so no sequence ever sees another's K/V and resident KV memory never
+    ratchets past the budget over hours (issue 11 soak)."""
     longest = real_engine.encode_prompt(messages=[{"role": "user", "content": "Describe the sea. " * 20}])
     shortest = min(prompts, key=len)
     ref = Run(make_scheduler())
