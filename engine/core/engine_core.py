@@ -91,9 +91,9 @@ class EngineCore:
             if last:
                 assert logits is not None
                 sched.slots.prefilling = None
-                sched.cache_prompt(group)
                 rows = sched.place(group)
                 self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
+                self._cache_prompts([group])
 
     def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
         """Several short prompts in one forward: a step's cost is mostly reading the weights once."""
@@ -117,13 +117,21 @@ class EngineCore:
         for group in groups:
             group.prefilled = len(group.request.prompt_ids)
             group.sequences[0].kv_len = group.prefilled
-            sched.cache_prompt(group)
             rows += sched.place(group)
         if len(rows) > len(groups):  # n/best_of: each candidate samples from its prompt's logits
             # given its output size, repeat_interleave needs no host sync to size the result
             widths = stage([g.params.width for g in groups], torch.long, logits.device)
             logits = logits.repeat_interleave(widths, dim=0, output_size=len(rows))
         self._sample_and_advance(logits, rows)
+        self._cache_prompts(groups)
+
+    def _cache_prompts(self, groups: list[SequenceGroup]) -> None:
+        """Store each prompt's K/V in the prefix cache once its first token is out: the copy (72 MB for 1.5k tokens
+        in fp32, 6-21 ms) was on the path to that token. A parent that already finished stored prompt and output
+        on retiring (stop or length), or is gone."""
+        for group in groups:
+            if not group.sequences[0].finished:
+                self.scheduler.cache_prompt(group)
 
     def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
         """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails
