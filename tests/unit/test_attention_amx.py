@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from engine.model import cpu_kernels
 from engine.model.attention import amx_supported, chunk_attention, decode_attention
+from tests.unit.decoder_checks import assert_same_logits_chunked_cached_batched_or_decoded
 from tests.unit.tiny_models import tiny_llama
 
 pytestmark = pytest.mark.skipif(not (cpu_kernels.available() and torch.ops.sie_kernels.has_amx()),
@@ -115,16 +116,4 @@ def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decod
     whole = dec.prefill(cache, 0, prompt, 0)
     ref = reference(torch.tensor([prompt])).logits[0, -1]
     assert (whole - ref).norm() / ref.norm() < 2e-2  # the fp32 model's logits, up to bf16 products
-    dec.prefill(cache, 1, prompt[:64], 0)
-    dec.prefill(cache, 1, prompt[64:128], 64)
-    assert torch.equal(dec.prefill(cache, 1, prompt[128:], 128), whole)
-    other = prompt[:20]
-    batch = dec.prefill_batch(cache, [1, 2], [prompt[100:], other], starts=[100, 0])
-    assert torch.equal(batch[0], whole)
-    assert torch.equal(batch[1], dec.prefill(cache, 0, other, 0))
-    dec.prefill(cache, 0, prompt[:-1], 0)
-    dec.prefill(cache, 1, other, 0)
-    tokens, positions = torch.tensor([prompt[-1], 7]), torch.tensor([len(prompt) - 1, len(other)])
-    stepped = dec.logits(dec.decode_hidden(cache, tokens, positions, span=len(prompt)))
-    assert torch.equal(stepped[0], whole)
-    assert torch.equal(stepped[1], dec.prefill(cache, 2, [*other, 7], 0))
+    assert_same_logits_chunked_cached_batched_or_decoded(dec, cache, prompt, whole)

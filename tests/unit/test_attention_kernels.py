@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from engine.model import cpu_kernels
 from engine.model.attention import chunk_attention, decode_attention, native_supported
+from tests.unit.decoder_checks import assert_same_logits_chunked_cached_batched_or_decoded
 from tests.unit.tiny_models import tiny_llama
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels cannot be built here")
@@ -140,17 +141,4 @@ def test_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(mon
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     whole = dec.prefill(cache, 0, prompt, 0)
     torch.testing.assert_close(whole, model(torch.tensor([prompt])).logits[0, -1], rtol=1e-4, atol=1e-4)
-    dec.prefill(cache, 1, prompt[:64], 0)  # chunked, as the scheduler's prefill budget does
-    dec.prefill(cache, 1, prompt[64:128], 64)
-    assert torch.equal(dec.prefill(cache, 1, prompt[128:], 128), whole)
-    other = prompt[:20]
-    batch = dec.prefill_batch(cache, [1, 2], [prompt[100:], other], starts=[100, 0])  # slot 1 holds 0..99
-    assert torch.equal(batch[0], whole)
-    assert torch.equal(batch[1], dec.prefill(cache, 0, other, 0))
-    # token by token: decoding the prompt's last token after its prefix gives the whole prompt's logits
-    dec.prefill(cache, 0, prompt[:-1], 0)
-    dec.prefill(cache, 1, other, 0)
-    tokens, positions = torch.tensor([prompt[-1], 7]), torch.tensor([len(prompt) - 1, len(other)])
-    stepped = dec.logits(dec.decode_hidden(cache, tokens, positions, span=len(prompt)))
-    assert torch.equal(stepped[0], whole)
-    assert torch.equal(stepped[1], dec.prefill(cache, 2, [*other, 7], 0))
+    assert_same_logits_chunked_cached_batched_or_decoded(dec, cache, prompt, whole)

@@ -155,6 +155,31 @@ SIE_AMX inline void zero_accumulators() {
   _tile_zero(3);
 }
 
+// One k step of a 32 x 32 block (16 x 32 when not `two`): the row tiles at a (and 16 rows on), `lda` bf16 a row,
+// times the column tiles at b0 and b1 (64 bytes a row), into accumulators 0-3.
+SIE_AMX inline void multiply_step(const uint16_t* a, int64_t lda, const void* b0, const void* b1, bool two) {
+  _tile_loadd(4, a, 2 * lda);
+  _tile_loadd(6, b0, 64);
+  _tile_loadd(7, b1, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  if (two) {
+    _tile_loadd(5, a + 16 * lda, 2 * lda);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// The accumulators to c (ldc floats a row): rows 0-15 (and 16-31 when `two`) x 32 columns
+SIE_AMX inline void store_accumulators(float* c, int64_t ldc, bool two) {
+  _tile_stored(0, c, 4 * ldc);
+  _tile_stored(1, c + 16, 4 * ldc);
+  if (two) {
+    _tile_stored(2, c + 16 * ldc, 4 * ldc);
+    _tile_stored(3, c + 16 * ldc + 16, 4 * ldc);
+  }
+}
+
 // The rows of one work item: q [rows, D] bf16 (rows a multiple of 16, zero rows past the real ones), against keys
 // 0..key_end-1 of the packed kt / vt (key_end a multiple of 32); `valid[r]`: the keys row r sees. Writes out row r
 // to `dst[r]`, divided by its denominator. Scratch: s [rows, key_end] fp32, p [rows, key_end] bf16, o [rows, D].
@@ -164,29 +189,13 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
   float* s = scratch<float>(Scratch::kScores, rows * key_end);
   uint16_t* p = scratch<uint16_t>(Scratch::kProbs, rows * key_end);
   float* o = scratch<float>(Scratch::kOutputs, rows * D);
-  const int64_t q_bytes = 2 * D, s_bytes = 4 * key_end, p_bytes = 2 * key_end, o_bytes = 4 * D;
   for (int64_t r = 0; r < rows; r += 32) {  // S = Q.K^T, 32 keys at a time, d in steps of 32
     const bool two = rows - r >= 32;
     for (int64_t key = 0; key < key_end; key += 32) {
       zero_accumulators();
-      for (int64_t d = 0; d < D; d += 32) {
-        _tile_loadd(4, q + r * D + d, q_bytes);
-        _tile_loadd(6, kt + key * (D / 2) + d / 2 * 16, 64);
-        _tile_loadd(7, kt + (key + 16) * (D / 2) + d / 2 * 16, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
-          _tile_loadd(5, q + (r + 16) * D + d, q_bytes);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-      _tile_stored(0, s + r * key_end + key, s_bytes);
-      _tile_stored(1, s + r * key_end + key + 16, s_bytes);
-      if (two) {
-        _tile_stored(2, s + (r + 16) * key_end + key, s_bytes);
-        _tile_stored(3, s + (r + 16) * key_end + key + 16, s_bytes);
-      }
+      for (int64_t d = 0; d < D; d += 32)
+        multiply_step(q + r * D + d, D, kt + key * (D / 2) + d / 2 * 16, kt + (key + 16) * (D / 2) + d / 2 * 16, two);
+      store_accumulators(s + r * key_end + key, key_end, two);
     }
   }
   std::vector<float> denom(rows_real);
@@ -202,23 +211,9 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
       zero_accumulators();
       for (int64_t key = 0; key < key_end; key += kKeyBlock) {
         const uint32_t* v = vt + (key / kKeyBlock * (D / 16) + c / 16) * 256;
-        _tile_loadd(4, p + r * key_end + key, p_bytes);
-        _tile_loadd(6, v, 64);
-        _tile_loadd(7, v + 256, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
-          _tile_loadd(5, p + (r + 16) * key_end + key, p_bytes);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
+        multiply_step(p + r * key_end + key, key_end, v, v + 256, two);
       }
-      _tile_stored(0, o + r * D + c, o_bytes);
-      _tile_stored(1, o + r * D + c + 16, o_bytes);
-      if (two) {
-        _tile_stored(2, o + (r + 16) * D + c, o_bytes);
-        _tile_stored(3, o + (r + 16) * D + c + 16, o_bytes);
-      }
+      store_accumulators(o + r * D + c, D, two);
     }
   }
   for (int64_t r = 0; r < rows_real; ++r)

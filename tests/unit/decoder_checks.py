@@ -1,0 +1,24 @@
+"""One check shared by the attention kernels' decoder tests (fp32 and bf16 on AMX)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def assert_same_logits_chunked_cached_batched_or_decoded(dec, cache, prompt: list[int], whole: torch.Tensor) -> None:
+    """`whole` is `prompt`'s last logits from one prefill into slot 0 of `cache` (3 slots): the same bits chunked,
+    after a cached prefix, in a batch with another prompt, and decoding the last token after the rest."""
+    dec.prefill(cache, 1, prompt[:64], 0)  # chunked, as the scheduler's prefill budget does
+    dec.prefill(cache, 1, prompt[64:128], 64)
+    assert torch.equal(dec.prefill(cache, 1, prompt[128:], 128), whole)
+    other = prompt[:20]
+    batch = dec.prefill_batch(cache, [1, 2], [prompt[100:], other], starts=[100, 0])  # slot 1 holds 0..99
+    assert torch.equal(batch[0], whole)
+    assert torch.equal(batch[1], dec.prefill(cache, 0, other, 0))
+    # token by token: decoding the prompt's last token after its prefix gives the whole prompt's logits
+    dec.prefill(cache, 0, prompt[:-1], 0)
+    dec.prefill(cache, 1, other, 0)
+    tokens, positions = torch.tensor([prompt[-1], 7]), torch.tensor([len(prompt) - 1, len(other)])
+    stepped = dec.logits(dec.decode_hidden(cache, tokens, positions, span=len(prompt)))
+    assert torch.equal(stepped[0], whole)
+    assert torch.equal(stepped[1], dec.prefill(cache, 2, [*other, 7], 0))
