@@ -96,8 +96,7 @@ class Decoder:
         self.hidden_size = config.hidden_size
         self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # our attention kernels
         # in the mixed mode, with bf16 products on AMX (prefill and decode alike: the guarantees need both)
-        self.amx_attention = mixed and self.native_attention and amx_supported(self.weight_dtype, self.device,
-                                                                                self.head_dim)
+        self.amx_attention = mixed and amx_supported(self.weight_dtype, self.device, self.head_dim)
         self.ops = LayerOps(LayerOps.native_supported(self.dtype, self.device, config.hidden_size,
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)

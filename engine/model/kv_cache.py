@@ -102,9 +102,17 @@ class KVCache:
                     give_back(first + head * run + kept, run - kept)
 
     def release_all(self) -> None:
-        """Every slot reads zeros (the engine went idle): each `release`d whole, within the budget as there."""
-        for slot in range(self.slots):
-            self.release(slot)
+        """Every slot reads zeros (the engine went idle): zeroed in place within the budget, as `release` does, else
+        the whole cache given back in one call a buffer."""
+        if not self._host:
+            return
+        if self.resident_budget and sum(self.resident) <= self.resident_budget:
+            for slot in range(self.slots):
+                self.release(slot)
+            return
+        for buffer in (self.k, self.v):
+            give_back(buffer.data_ptr(), buffer.numel() * buffer.element_size())
+        self.written, self.resident = [0] * self.slots, [0] * self.slots
 
     def bytes_per_token(self) -> int:
         layers, _, heads, _, dim = self.k.shape

@@ -20,9 +20,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "amx.h"
+#include "scratch.h"
 
 namespace {
 
@@ -40,18 +40,8 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 constexpr int64_t kKeyBlock = 32;   // keys per P.V tile step (16 pairs), and the multiple every key range rounds to
 constexpr int64_t kBlockRows = 64;  // a prefill work item's query rows (position x head of the group), 4 row tiles
 
-// Buffers that outlive a call, one per thread and slot, grown to the largest size asked (causal_attention.cpp's
-// scratch: fresh ones cost a page fault per 4 KB every call).
-enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kCount };
-
-template <typename T>
-T* scratch(Scratch slot, int64_t count) {
-  thread_local std::vector<char> buffers[static_cast<int>(Scratch::kCount)];
-  std::vector<char>& buffer = buffers[static_cast<int>(slot)];
-  const size_t bytes = count * sizeof(T) + 64;
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
-}
+// Per-thread scratch (scratch.h)
+enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kCount };
 
 // 16 fp32 -> 16 bf16 (nearest even)
 SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
@@ -181,11 +171,14 @@ SIE_AMX inline void store_accumulators(float* c, int64_t ldc, bool two) {
 }
 
 // The rows of one work item: q [rows, D] bf16 (rows a multiple of 16, zero rows past the real ones), against keys
-// 0..key_end-1 of the packed kt / vt (key_end a multiple of 32); `valid[r]`: the keys row r sees. Writes out row r
-// to `dst[r]`, divided by its denominator. Scratch: s [rows, key_end] fp32, p [rows, key_end] bf16, o [rows, D].
+// 0..key_end-1 of the packed kt / vt (key_end a multiple of 32). Row r is query head r % group of the item's KV
+// head at position r / group from its first: it sees keys 0..first_valid + r / group - 1, and its output, divided by
+// its denominator, goes to out + (r / group) * out_row + (r % group) * D. Scratch: s [rows, key_end] fp32, p [rows,
+// key_end] bf16, o [rows, D].
 // Tile registers: 0-3 the accumulators of 2 row tiles x 2 column tiles, 4-5 the row tiles, 6-7 the column tiles.
 SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int64_t D, const uint32_t* kt,
-                         const uint32_t* vt, int64_t key_end, const int64_t* valid, float* const* dst) {
+                         const uint32_t* vt, int64_t key_end, int64_t group, int64_t first_valid, float* out,
+                         int64_t out_row) {
   float* s = scratch<float>(Scratch::kScores, rows * key_end);
   uint16_t* p = scratch<uint16_t>(Scratch::kProbs, rows * key_end);
   float* o = scratch<float>(Scratch::kOutputs, rows * D);
@@ -198,10 +191,10 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
       store_accumulators(s + r * key_end + key, key_end, two);
     }
   }
-  std::vector<float> denom(rows_real);
+  float* denom = scratch<float>(Scratch::kDenominators, rows_real);
   for (int64_t r = 0; r < rows; ++r) {
     if (r < rows_real)
-      denom[r] = softmax_to_bf16(s + r * key_end, valid[r], key_end, p + r * key_end);
+      denom[r] = softmax_to_bf16(s + r * key_end, first_valid + r / group, key_end, p + r * key_end);
     else
       std::fill(p + r * key_end, p + (r + 1) * key_end, uint16_t(0));
   }
@@ -217,7 +210,7 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
     }
   }
   for (int64_t r = 0; r < rows_real; ++r)
-    for (int64_t d = 0; d < D; ++d) dst[r][d] = o[r * D + d] / denom[r];
+    for (int64_t d = 0; d < D; ++d) out[r / group * out_row + r % group * D + d] = o[r * D + d] / denom[r];
 }
 
 void check_common(const at::Tensor& q, int64_t D) {
@@ -269,18 +262,13 @@ at::Tensor causal_attention_amx(const at::Tensor& q, const at::Tensor& k, const 
       const int64_t first = qb * block_positions, positions = std::min(block_positions, n - first);
       const int64_t rows_real = positions * group, rows = round_up(rows_real, 16);
       uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
-      std::vector<int64_t> valid(rows_real);
-      std::vector<float*> dst(rows_real);
-      for (int64_t r = 0; r < rows_real; ++r) {
-        const int64_t pos = first + r / group, head = g * group + r % group;
-        pack_query(qp + pos * q.stride(0) + head * D, static_cast<float>(scale), D, qs + r * D);
-        valid[r] = start + pos + 1;
-        dst[r] = op + (pos * hq + head) * D;
-      }
+      for (int64_t r = 0; r < rows_real; ++r)
+        pack_query(qp + (first + r / group) * q.stride(0) + (g * group + r % group) * D, static_cast<float>(scale),
+                   D, qs + r * D);
       std::fill(qs + rows_real * D, qs + rows * D, uint16_t(0));
       const int64_t key_end = round_up(start + first + positions, kKeyBlock);
-      attend_rows(qs, rows, rows_real, D, kt + g * keys_pad * D / 2, vt + g * keys_pad * D / 2, key_end,
-                  valid.data(), dst.data());
+      attend_rows(qs, rows, rows_real, D, kt + g * keys_pad * D / 2, vt + g * keys_pad * D / 2, key_end, group,
+                  start + first + 1, op + (first * hq + g * group) * D, hq * D);
     }
     release_tiles();
   });
@@ -330,15 +318,12 @@ at::Tensor decode_attention_amx(const at::Tensor& q, const at::Tensor& k, const 
       pack_keys(kh, D, keys, key_end, D, kt);
       pack_values(vh, D, keys, key_end, D, vt);
       uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
-      std::vector<int64_t> valid(group, keys);
-      std::vector<float*> dst(group);
-      for (int64_t r = 0; r < group; ++r) {
+      for (int64_t r = 0; r < group; ++r)
         pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
                    qs + r * D);
-        dst[r] = out.data_ptr<float>() + (row * hq + g * group + r) * D;
-      }
       std::fill(qs + group * D, qs + rows * D, uint16_t(0));
-      attend_rows(qs, rows, group, D, kt, vt, key_end, valid.data(), dst.data());
+      attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
+                  hq * D);
     }
     release_tiles();
   });

@@ -27,6 +27,8 @@
 #include <cmath>
 #include <vector>
 
+#include "scratch.h"
+
 namespace {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -62,18 +64,9 @@ struct DecodeArgs {
 
 constexpr int64_t kBlockRows = 48;  // query rows (position x head of the group) per work item
 
-// Buffers that outlive a call: each thread's grows to the largest size asked and is reused. Fresh ones cost a
-// prefill chunk a page fault per 4 KB every call (glibc maps allocations over 128 KB anew, and the kernel zeroes
-// the pages): 6 % of a 512-token chunk's attention. The caller's thread holds the transposed keys, every worker
-// (the caller among them) its own query, score and output blocks.
+// Per-thread scratch (scratch.h): the caller's thread holds the transposed keys, every worker (the caller among
+// them) its own query, score and output blocks.
 enum class Scratch { kKeys, kQueries, kScores, kOutputs, kCount };
-
-float* scratch(Scratch slot, int64_t size) {
-  thread_local std::vector<float> buffers[static_cast<int>(Scratch::kCount)];
-  std::vector<float>& buffer = buffers[static_cast<int>(slot)];
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-  return buffer.data();
-}
 
 // q [n, Hq, D] (head and feature strides contiguous; D a multiple of 64, the output blocks' width), k and v
 // [Hkv, >= start+n, D] (feature stride 1) -> [n, Hq, D].
@@ -95,7 +88,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const bool wide = has_avx512() && !avx2;
   // each KV head's keys transposed once, in blocks of 64 keys: [Hkv, keys_padded / 64, D, 64], zero past the last
   // key; 16 x 16 blocks in registers
-  float* ktp = scratch(Scratch::kKeys, hkv * D * keys_padded);
+  float* ktp = scratch<float>(Scratch::kKeys, hkv * D * keys_padded);
   const float* kp = k.data_ptr<float>();
   const int64_t k_head = k.stride(0), k_row = k.stride(1), key_blocks = keys_padded / 64;
   at::parallel_for(0, hkv * key_blocks, 1, [&](int64_t lo, int64_t hi) {
@@ -127,9 +120,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // contiguous ranges parallel_for hands each thread carry about the same work.
   at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
     const int64_t rows = round_up(a.block_positions * group, 24);  // a multiple of every variant's RB
-    float* qs = scratch(Scratch::kQueries, rows * D);
-    float* s = scratch(Scratch::kScores, rows * keys_padded);
-    float* os = scratch(Scratch::kOutputs, rows * D);
+    float* qs = scratch<float>(Scratch::kQueries, rows * D);
+    float* s = scratch<float>(Scratch::kScores, rows * keys_padded);
+    float* os = scratch<float>(Scratch::kOutputs, rows * D);
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t g = w % hkv, j = w / hkv;
       const int64_t qb = j % 2 == 0 ? j / 2 : blocks - 1 - j / 2;
