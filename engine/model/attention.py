@@ -8,7 +8,7 @@ decode step computes it (the kernel's header says why).
 
 With bf16 weights on AMX (the decoder's mixed mode: fp32 activations and KV cache) the products run in bf16 on the
 tile unit instead (engine/model/kernels/attention_amx.cpp), with the same guarantees: a 512-token chunk after 1,024
-cached tokens 6.2 -> 2.1 ms a layer; decode steps about level. `SIE_ATTENTION=sdpa` keeps SDPA, `SIE_ATTENTION=fp32`
+cached tokens 6.2 -> 1.4 ms a layer; decode steps about level. `SIE_ATTENTION=sdpa` keeps SDPA, `SIE_ATTENTION=fp32`
 the fp32 kernel in the mixed mode too (for comparisons).
 """
 
