@@ -202,6 +202,22 @@ def test_bf16_weights_on_the_tiled_kernel_keep_fp32_activations(monkeypatch):
     assert _greedy_tokens(fwd, got, prompt) == _hf_greedy_tokens(reference, prompt)  # the fp32 model's tokens
 
 
+
+@needs_tiled_bf16
+def test_amx_covers_every_block_and_group_of_a_wide_linear():
+    """The AMX kernel walks 32-row blocks of x against groups of weight column pairs, with x re-laid in tile
+    blocks: every output of a linear wider than one group per thread, over rows that end mid-block, read from a
+    strided fp32 view, is the fp32 product of the rounded inputs, and a row's bits never depend on its batch."""
+    torch.manual_seed(0)
+    w = torch.randn(600, 160).bfloat16()
+    x = torch.randn(77, 320)[:, 32:192]  # rows 320 floats apart
+    tiled = pack(w, "tiled")
+    got = tiled_linear.tiled_linear(x, tiled)
+    exact = F.linear(x.bfloat16().double(), w.double()).float()
+    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-4)
+    for rows in (slice(0, 1), slice(13, 50), slice(64, 77)):
+        assert torch.equal(tiled_linear.tiled_linear(x[rows], tiled), got[rows])
+
 @needs_tiled_bf16
 def test_amx_and_vdpbf16ps_variants_agree(monkeypatch):
     """Where the CPU has AMX, the kernel runs on it (K a multiple of 32); its bits may differ from the vdpbf16ps

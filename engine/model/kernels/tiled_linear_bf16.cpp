@@ -8,8 +8,9 @@
 // M is or which row it is: a row's result is bit-identical alone, in any batch, in prefill or decode. Two variants,
 // picked by the CPU and the weight's shape alone, never by the row count:
 // - AMX (K a multiple of 32): tile multiplies of 16 rows x 16 columns x 32 k; x is zero-padded to whole tiles.
-//   SmolLM2's linears, 30 layers, 2-core Xeon: 5.7 ms at 1 row, 8.3 at 8, 7.7 at 16, 81 at 512 (1.3 TFLOP/s),
-//   against our fp32 kernel's 9.1 / 13.0 / 19.2 / 363 and prepacked oneDNN bf16's 7.1 / 10.2 / 11.4 / 74.
+//   SmolLM2's linears, 30 layers, 2-core Xeon: 5.7 ms at 1 row, 8.3 at 8, 7.7 at 16, 52 at 512 (2.1 TFLOP/s),
+//   against our fp32 kernel's 9.1 / 13.0 / 19.2 / 363 and prepacked oneDNN bf16's 7.1 / 10.2 / 11.4 / 74 (50 at 512
+//   rows on 2026-12-04, when ours went from 60 to 52: `amx_units`).
 // - vdpbf16ps (a K that is not a multiple of 32; tests): the fp32 kernel's register blocks (tiled_linear.cpp), one
 //   instruction adding a k pair's products for 16 columns. On the Xeon it runs at fp32 FMA's rate, so only AMX
 //   makes bf16 worth our kernel: where the CPU has no AMX, bf16 stays on oneDNN.
@@ -100,11 +101,10 @@ bool has_avx512_bf16() {
 // weight tiles (amx.h's configuration).
 
 // c [RB*16, 32] fp32 (rows ldc floats apart) = x rows [RB*16, K] . two weight tiles' columns, over all K/32 k
-// blocks in order.
+// blocks in order. x is in A-tile blocks (`block_rows`): the 16 rows x 32 k of each tile in one 1 KB run.
 template <int RB>
 SIE_AMX void amx_block(const uint16_t* x, int64_t K2, const uint16_t* w0, const uint16_t* w1, float* c,
                        int64_t ldc) {
-  const int64_t x_stride = 4 * K2;  // bytes per x row
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (RB == 2) {
@@ -112,8 +112,8 @@ SIE_AMX void amx_block(const uint16_t* x, int64_t K2, const uint16_t* w0, const 
     _tile_zero(3);
   }
   for (int64_t kb = 0; kb < K2; kb += 16) {
-    _tile_loadd(4, x + 2 * kb, x_stride);
-    if constexpr (RB == 2) _tile_loadd(5, x + 16 * 2 * K2 + 2 * kb, x_stride);
+    _tile_loadd(4, x + 32 * kb, 64);  // row block 0, k block kb / 16
+    if constexpr (RB == 2) _tile_loadd(5, x + 16 * 2 * K2 + 32 * kb, 64);
     _tile_loadd(6, w0 + kb * 2 * kTile, 64);
     _tile_loadd(7, w1 + kb * 2 * kTile, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -142,45 +142,64 @@ SIE_AMX void store_row(const float* c, Out* y) {
   }
 }
 
-// Column pairs first..last-1 of y [M, N] from x [Mp, K] bf16 (Mp = M rounded up to 16, zero rows past M).
+// Column pairs first..last-1 of y [M, N] from x [Mp, K] bf16 (Mp = M rounded up to 16, zero rows past M), in groups
+// of kGroup pairs: each 32-row block of x (in tile blocks, `block_rows`) runs against a group's pairs in turn, so
+// it is reused from L1 while the group's weights (kGroup x K x 128 bytes) stay in L2. Column pairs outermost
+// re-read all of x from L2 or beyond for every pair. SmolLM2's 120 linears, one layer's weights hot: 60 -> 52 ms
+// at 512 rows, 227 -> 156 at 1,546; with all 30 layers' weights (streamed from memory) 512 rows take ~60. Software
+// prefetch of the next group's weights cost 5 ms more (L2 pollution). The order of the blocks never changes what
+// one output element sums.
+constexpr int64_t kGroup = 8;
+
 template <typename Out>
 SIE_AMX void amx_units(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K2, int64_t N, Out* y,
                        int64_t first, int64_t last) {
   const int64_t padded_rows = (M + 15) / 16 * 16;
   load_tile_config();  // per thread: the tile configuration is thread state
   alignas(64) float c[32 * 32];
-  for (int64_t u = first; u < last; ++u) {
-    const uint16_t* w0 = w + 2 * u * K2 * 2 * kTile;
-    const uint16_t* w1 = w0 + K2 * 2 * kTile;
+  for (int64_t group = first; group < last; group += kGroup) {
     for (int64_t r = 0; r < padded_rows; r += 32) {
       const int64_t blocks = padded_rows - r >= 32 ? 2 : 1;
-      if constexpr (std::is_same_v<Out, float>) {
-        if (r + 32 <= M) {  // fp32 out, a whole block: the tiles go straight to y
-          amx_block<2>(x + r * 2 * K2, K2, w0, w1, y + r * N + u * 2 * kTile, N);
-          continue;
+      for (int64_t u = group; u < std::min(last, group + kGroup); ++u) {
+        const uint16_t* w0 = w + 2 * u * K2 * 2 * kTile;
+        const uint16_t* w1 = w0 + K2 * 2 * kTile;
+        if constexpr (std::is_same_v<Out, float>) {
+          if (r + 32 <= M) {  // fp32 out, a whole block: the tiles go straight to y
+            amx_block<2>(x + r * 2 * K2, K2, w0, w1, y + r * N + u * 2 * kTile, N);
+            continue;
+          }
         }
+        if (blocks == 2)
+          amx_block<2>(x + r * 2 * K2, K2, w0, w1, c, 32);
+        else
+          amx_block<1>(x + r * 2 * K2, K2, w0, w1, c, 32);
+        for (int64_t i = 0; i < std::min<int64_t>(16 * blocks, M - r); ++i)
+          store_row(c + i * 32, y + (r + i) * N + u * 2 * kTile);
       }
-      if (blocks == 2)
-        amx_block<2>(x + r * 2 * K2, K2, w0, w1, c, 32);
-      else
-        amx_block<1>(x + r * 2 * K2, K2, w0, w1, c, 32);
-      for (int64_t i = 0; i < std::min<int64_t>(16 * blocks, M - r); ++i)
-        store_row(c + i * 32, y + (r + i) * N + u * 2 * kTile);
     }
   }
   _tile_release();
 }
 
-// dst[M, K] = src rows rounded to bf16 (nearest even, as torch rounds), across both cores: torch's copy_ did it
-// at ~6 GB/s, 5 % of a bf16 prefill. K is a multiple of 32.
-SIE_BF16 void round_row(const float* src, int64_t K, uint16_t* dst) {
-  for (int64_t k = 0; k < K; k += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
+// x [M, K] -> dst in A-tile blocks [Mp/16, K/32, 16, 32] bf16 (zero rows past M were zeroed by the caller), fp32
+// rounded to nearest even as torch rounds, across both cores. Why blocks: a 32-row block of x, which the kernel
+// multiplies by a group of weight pairs in turn, is then two contiguous runs that stay in L1 (row-major, its
+// tiles read 64 bytes from each of 32 rows apart; SmolLM2's linears at 512 rows took 8 % longer). Why our own
+// rounding: torch's copy_ did it at ~6 GB/s, 5 % of a bf16 prefill. K is a multiple of 32.
+SIE_BF16 void block_row(const float* src, int64_t K, uint16_t* dst) {
+  for (int64_t k = 0; k < K; k += 32)
+    _mm512_storeu_si512(dst + 16 * k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16),
+                                                                   _mm512_loadu_ps(src + k)));
 }
 
-void round_rows(const float* src, int64_t src_stride, int64_t M, int64_t K, uint16_t* dst) {
+SIE_BF16 void block_row(const uint16_t* src, int64_t K, uint16_t* dst) {
+  for (int64_t k = 0; k < K; k += 32) _mm512_storeu_si512(dst + 16 * k, _mm512_loadu_si512(src + k));
+}
+
+template <typename In>
+void block_rows(const In* src, int64_t src_stride, int64_t M, int64_t K, uint16_t* dst) {
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) round_row(src + r * src_stride, K, dst + r * K);
+    for (int64_t r = lo; r < hi; ++r) block_row(src + r * src_stride, K, dst + (r / 16) * 16 * K + (r % 16) * 32);
   });
 }
 
@@ -208,14 +227,15 @@ at::Tensor tiled_linear_bf16(const at::Tensor& x_in, const at::Tensor& tiles, bo
   if (M == 0) return y;
   const bool on_amx = amx && K2 % 16 == 0 && has_amx();
   at::Tensor x;
-  if (on_amx) {  // whole 16-row tiles, zero rows past M
+  if (on_amx) {  // whole 16-row tiles in A-tile blocks, zero rows past M
+    at::Tensor rows = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
     x = at::empty({(M + 15) / 16 * 16, 2 * K2}, x_in.options().dtype(at::kBFloat16));
-    x.narrow(0, M, x.size(0) - M).zero_();
-    if (x_in.scalar_type() == at::kFloat && x_in.stride(1) == 1)
-      round_rows(x_in.data_ptr<float>(), x_in.stride(0), M, 2 * K2,
-                 reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()));
+    auto* dst = reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>());
+    x.narrow(0, M / 16 * 16, x.size(0) - M / 16 * 16).zero_();  // the last block's rows past M read as zeros
+    if (rows.scalar_type() == at::kFloat)
+      block_rows(rows.data_ptr<float>(), rows.stride(0), M, 2 * K2, dst);
     else
-      x.narrow(0, 0, M).copy_(x_in);
+      block_rows(reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>()), rows.stride(0), M, 2 * K2, dst);
   } else {
     x = x_in.to(at::kBFloat16).contiguous();
   }
