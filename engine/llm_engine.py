@@ -45,7 +45,7 @@ class EngineConfig:
     model_path: str
     max_slots: int = 64
     max_len: int = 2048
-    prefill_budget: int = 512
+    prefill_budget: int = 1024  # prompt tokens a step prefills (README, "Speed: ... (stop 36)")
     max_queue: int = 256
     device: str = "cpu"
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU

@@ -34,7 +34,7 @@ Failures = dict[int, tuple[SequenceGroup, EngineError]]  # id(group) -> (group, 
 
 
 class EngineCore:
-    def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 512,
+    def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0,
                  postprocess: Postprocess | None = None, reasoning: bool = False) -> None:
         """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks)."""

@@ -29,7 +29,7 @@ BYPASS_LIMIT = 64  # how many later requests may start before a waiting one that
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 512,
+    def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False) -> None:
         """`counts`: the sampler's penalty counts (a retired row's is freed at once); `reasoning`: the model
         thinks in <think>...</think> (its profile says so)."""

@@ -95,7 +95,7 @@ class TritonPythonModel:
                 model_path=_cache_path(p["hf_model"]),
                 max_slots=int(p.get("max_slots", "64")),
                 max_len=int(p.get("context_length", "2048")),
-                prefill_budget=int(p.get("prefill_budget", "512")),
+                prefill_budget=int(p.get("prefill_budget", "1024")),
                 max_queue=int(p.get("max_queue", "256")),
                 kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
                 prefix_cache_tokens=int(p.get("prefix_cache_tokens", "8192")),
