@@ -10,7 +10,7 @@ default (tiled, else oneDNN, on AVX-512; F.linear otherwise) and a quick timing 
 shapes overturns it on a clear loss. `SIE_LINEAR_KERNEL=mkl|dnnl|tiled` overrides the choice.
 
 Kinds: "torch" (plain F.linear; GPU and CPUs without oneDNN), "mkl" (F.linear on CPU), "dnnl" (prepacked oneDNN),
-"tiled" (column tiles, our kernel: fp32, and bf16 where the CPU has AMX). A
+"tiled" (column tiles, our kernel: fp32, and bf16 where the CPU has AVX512_BF16). A
 laid-out weight is an mkldnn-layout tensor or a `TiledWeight`; `linear` dispatches on that, so call sites stay one
 line.
 """

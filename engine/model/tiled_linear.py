@@ -1,4 +1,4 @@
-"""Our CPU linear (engine/model/kernels/tiled_linear.cpp, fp32; tiled_linear_bf16.cpp, bf16 on AMX):
+"""Our CPU linear (engine/model/kernels/tiled_linear.cpp, fp32; tiled_linear_bf16.cpp, bf16 on AVX512_BF16/AMX):
 weights laid out once as column tiles, one kernel for every row count, so a row's output is bit-identical alone,
 in any batch, in prefill or decode.
 
@@ -8,9 +8,10 @@ tiled kernel keeps 48 output columns x up to 8 rows in registers and streams eac
 oneDNN / tiled: M=1 17.7 / 21.9 / 17.1, M=8 36.8 / 26.5 / 18.6, M=16 43.4 / 31.9 / 24.7, M=32 50.7 / 43.0 / 34.9,
 M=128 123 / 122 / 113, M=512 435 / 408 / 416.
 
-bf16 weights (the `dtype: bfloat16` profile) run on AMX tiles (vdpbf16ps for a K that is not a multiple of 32), and
-take fp32 or bf16 rows: SmolLM2's 120 linears at M = 1 / 8 / 16 / 512, 5.7 / 8.3 / 7.7 / 81 ms on AMX, against prepacked
-oneDNN bf16's 7.1 / 10.2 / 11.4 / 74 (and the fp32 kernel's 9.1 / 13.0 / 19.2 / 363, same box and day).
+bf16 weights (the `dtype: bfloat16` profile) run on AMX tiles where the CPU has AMX (vdpbf16ps for a K that is not a
+multiple of 32), on vdpbf16ps where it has AVX512_BF16 alone (`runs`), and take fp32 or bf16 rows: SmolLM2's 120
+linears at M = 1 / 8 / 16 / 512, 5.7 / 8.3 / 7.7 / 81 ms on AMX, against prepacked oneDNN bf16's 7.1 / 10.2 / 11.4 /
+74 (and the fp32 kernel's 9.1 / 13.0 / 19.2 / 363, same box and day).
 
 The op is built with our other CPU ops (engine.model.cpu_kernels). Where it cannot be, `available()` is False and
 the engine keeps MKL/oneDNN (engine.model.linear_kernels).
@@ -31,12 +32,13 @@ PAD_TILES = 6  # N is padded to a multiple of TILE * PAD_TILES: the kernel's pan
 
 def runs(dtype: torch.dtype) -> bool:
     """Whether the tiled kernel runs `dtype` weights here: fp32 wherever our ops build, bf16 where the CPU also has
-    AMX. The kernel's vdpbf16ps variant (AVX512_BF16 alone) keeps up at decode's row counts but ran prefill at 191
-    GFLOP/s against oneDNN's 1,470 on the AMX Xeon; on such CPUs bf16 stays on oneDNN."""
+    AVX512_BF16 (on AMX tiles where it has AMX, else vdpbf16ps). On the AMX Xeon oneDNN's AMX GEMMs ran prefill
+    7x faster than vdpbf16ps, but there our kernel has AMX too; on the AVX-512 EPYC (no AMX) oneDNN's bf16 runs
+    the same vdpbf16ps, and our kernel ran SmolLM2's 120 linears at 1 / 8 / 16 / 512 rows in 9.9-11.6 / 10.8-11.5 /
+    13.9-16.5 / 290-302 ms against oneDNN's 16.6 / 13.9 / 18.5 / 278, with rows that never depend on their batch."""
     if dtype == torch.float32:
         return available()
-    return (dtype == torch.bfloat16 and available() and torch.ops.sie_kernels.has_avx512_bf16()
-            and torch.ops.sie_kernels.has_amx())
+    return dtype == torch.bfloat16 and available() and torch.ops.sie_kernels.has_avx512_bf16()
 
 
 class TiledWeight:

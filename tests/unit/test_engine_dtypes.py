@@ -3,10 +3,10 @@ where the CPU has native bf16).
 
 - fp32: a request gives the same tokens alone and in a batch (greedy and seeded), and a prefix-cache hit gives
   what a miss gives.
-- bf16 on our tiled kernel (a CPU with AMX): the same two. The GEMMs multiply bf16 into fp32 accumulators whatever
-  the row count, and the activations, norms, attention and KV cache stay fp32 on our per-row kernels
-  (engine.model.decoder).
-- bf16 on oneDNN (native bf16 but no AMX, or where our kernels cannot be built): the prefix-cache one only. A row's
+- bf16 on our tiled kernel (a CPU with AVX512_BF16: AMX tiles or vdpbf16ps): the same two. The GEMMs multiply
+  bf16 into fp32 accumulators whatever the row count, and the activations, norms, attention and KV cache stay fp32
+  on our per-row kernels (engine.model.decoder).
+- bf16 on oneDNN (where our kernels cannot be built, or `SIE_LINEAR_KERNEL=dnnl`): the prefix-cache one only. A row's
   results there depend on how many rows share the step's GEMMs, and rounding to bf16 turns those last-bit
   differences into other tokens: with the prefix cache off, 4 prompts of 24 tokens alone against batched, 1
   differed greedy, 3 seeded.

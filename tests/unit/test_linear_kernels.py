@@ -81,7 +81,7 @@ def test_tiled_rows_do_not_depend_on_their_batch_or_the_isa_variant():
 
 
 needs_tiled_bf16 = pytest.mark.skipif(not tiled_linear.runs(torch.bfloat16),
-                                      reason="the bf16 tiled kernel runs where the CPU has AMX")
+                                      reason="the bf16 tiled kernel runs where the CPU has AVX512_BF16")
 
 
 def test_bf16_pack_round_trip_is_exact():
@@ -124,7 +124,7 @@ def test_override_and_device(monkeypatch):
     assert choose_kind(torch.device("cpu"), w) == "dnnl"
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
     assert choose_kind(torch.device("cpu"), w) == ("tiled" if tiled_linear.available() else "mkl")
-    # bf16 weights run tiled only where the CPU has AMX
+    # bf16 weights run tiled only where the CPU has AVX512_BF16 (AMX or not)
     assert choose_kind(torch.device("cpu"), [w[0].bfloat16()]) == ("tiled" if tiled_linear.runs(torch.bfloat16)
                                                                     else "mkl")
     assert choose_kind(torch.device("meta"), w) == "torch"  # never packs off the CPU
@@ -206,8 +206,9 @@ def test_bf16_weights_on_the_tiled_kernel_keep_fp32_activations(monkeypatch):
 @needs_tiled_bf16
 def test_amx_covers_every_block_and_group_of_a_wide_linear():
     """The AMX kernel walks 32-row blocks of x against groups of weight column pairs, with x re-laid in tile
-    blocks: every output of a linear wider than one group per thread, over rows that end mid-block, read from a
-    strided fp32 view, is the fp32 product of the rounded inputs, and a row's bits never depend on its batch."""
+    blocks (the vdpbf16ps one, where there is no AMX, its register blocks): every output of a linear wider than one
+    group per thread, over rows that end mid-block, read from a strided fp32 view, is the fp32 product of the
+    rounded inputs, and a row's bits never depend on its batch."""
     torch.manual_seed(0)
     w = torch.randn(600, 160).bfloat16()
     x = torch.randn(77, 320)[:, 32:192]  # rows 320 floats apart
