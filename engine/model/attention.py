@@ -6,10 +6,10 @@ prompt they run 1.3x (causal) to 1.45x (a chunk after a cached prefix) faster th
 query's output has the same bits whatever the chunking, the cached prefix, the batch, and whether a prefill or a
 decode step computes it (the kernel's header says why).
 
-With bf16 weights on AMX (the decoder's mixed mode: fp32 activations and KV cache) the products run in bf16 on the
-tile unit instead (engine/model/kernels/attention_amx.cpp), with the same guarantees: a 512-token chunk after 1,024
-cached tokens 6.2 -> 1.4 ms a layer; decode steps about level. `SIE_ATTENTION=sdpa` keeps SDPA, `SIE_ATTENTION=fp32`
-the fp32 kernel in the mixed mode too (for comparisons).
+With bf16 weights on the tiled kernel (the decoder's mixed mode: fp32 activations and KV cache) the products run in
+bf16 instead, on AMX tiles or vdpbf16ps (engine/model/kernels/attention_bf16.cpp), with the same guarantees: a
+512-token chunk after 1,024 cached tokens 6.2 -> 1.4 ms a layer on the AMX Xeon; decode steps about level.
+`SIE_ATTENTION=sdpa` keeps SDPA, `SIE_ATTENTION=fp32` the fp32 kernel in the mixed mode too (for comparisons).
 """
 
 from __future__ import annotations
@@ -29,23 +29,23 @@ def native_supported(dtype: torch.dtype, device: torch.device, head_dim: int) ->
     return dtype == torch.float32 and device.type == "cpu" and head_dim % 64 == 0 and cpu_kernels.available()
 
 
-def amx_supported(weight_dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether a model whose activations are fp32 over `weight_dtype` weights runs its attention products in bf16
-    on AMX: bf16 weights, our kernels here, and a CPU (and OS) that gives AMX."""
+def bf16_supported(weight_dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether a model whose activations are fp32 over `weight_dtype` weights runs its attention products in bf16:
+    bf16 weights, our kernels here, and a CPU with AVX512_BF16 (AMX tiles where the CPU and OS give AMX)."""
     if os.environ.get("SIE_ATTENTION", "").lower() == "fp32":
         return False
     return (weight_dtype == torch.bfloat16 and native_supported(torch.float32, device, head_dim)
-            and torch.ops.sie_kernels.has_amx())
+            and torch.ops.sie_kernels.has_avx512_bf16())
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, native: bool,
-                    amx: bool = False) -> torch.Tensor:
+                    bf16: bool = False) -> torch.Tensor:
     """q [n, H, D] for positions start..start+n-1; k, v [Hkv, >= start+n, D] holding keys and values 0..start+n-1
     (the chunk's own already written). Returns [n, H, D]: causal, with GQA (query head h reads KV head h // group).
-    `native`: `native_supported(...)` for this model; `amx`: `amx_supported(...)`, bf16 products on AMX."""
+    `native`: `native_supported(...)` for this model; `bf16`: `bf16_supported(...)`, bf16 products."""
     n, d = q.shape[0], q.shape[-1]
-    if amx:
-        return torch.ops.sie_kernels.causal_attention_amx(q, k, v, start, d**-0.5)
+    if bf16:
+        return torch.ops.sie_kernels.causal_attention_bf16(q, k, v, start, d**-0.5)
     if native:
         return torch.ops.sie_kernels.causal_attention(q, k, v, start, d**-0.5)
     end = start + n
@@ -57,10 +57,10 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     positions: torch.Tensor, amx: bool = False) -> torch.Tensor:
+                     positions: torch.Tensor, bf16: bool = False) -> torch.Tensor:
     """One decode step on our kernel (only where `native_supported`): row b is slot b, its query q[b] [H, D] at
     positions[b]. Writes k[b], v[b] [Hkv, D] into the layer's caches [slots, Hkv, L, D] there, then attends over
-    the slot's keys 0..positions[b]. Returns [B, H, D]. `amx`: as `chunk_attention`'s (the two must agree, so a
+    the slot's keys 0..positions[b]. Returns [B, H, D]. `bf16`: as `chunk_attention`'s (the two must agree, so a
     decode step gives the bits a prefill would)."""
-    op = torch.ops.sie_kernels.decode_attention_amx if amx else torch.ops.sie_kernels.decode_attention
+    op = torch.ops.sie_kernels.decode_attention_bf16 if bf16 else torch.ops.sie_kernels.decode_attention
     return op(q, k, v, k_cache, v_cache, positions, q.shape[-1] ** -0.5)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "tiled_linear_bf16.cpp", KERNELS / "causal_attention.cpp",
-           KERNELS / "attention_amx.cpp", KERNELS / "layer_ops.cpp", KERNELS / "lora_add.cpp",
+           KERNELS / "attention_bf16.cpp", KERNELS / "layer_ops.cpp", KERNELS / "lora_add.cpp",
            KERNELS / "row_ops.cpp"]
 HEADERS = sorted(KERNELS.glob("*.h"))  # part of the cache key, not compiled on their own
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.model.attention import amx_supported, chunk_attention, decode_attention, native_supported
+from engine.model.attention import bf16_supported, chunk_attention, decode_attention, native_supported
 from engine.model.kv_cache import KVCache
 from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
@@ -95,8 +95,8 @@ class Decoder:
             self._small_weights_to(self.dtype)
         self.hidden_size = config.hidden_size
         self.native_attention = native_supported(self.dtype, self.device, self.head_dim)  # our attention kernels
-        # in the mixed mode, with bf16 products on AMX (prefill and decode alike: the guarantees need both)
-        self.amx_attention = mixed and amx_supported(self.weight_dtype, self.device, self.head_dim)
+        # in the mixed mode, with bf16 products (prefill and decode alike: the guarantees need both)
+        self.bf16_attention = mixed and bf16_supported(self.weight_dtype, self.device, self.head_dim)
         self.ops = LayerOps(LayerOps.native_supported(self.dtype, self.device, config.hidden_size,
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
@@ -235,7 +235,7 @@ class Decoder:
             kc[i, slot, :, start:end] = k.transpose(0, 1)
             vc[i, slot, :, start:end] = v.transpose(0, 1)
             return chunk_attention(q, kc[i, slot], vc[i, slot], start, self.native_attention,
-                                   self.amx_attention).reshape(n, -1)
+                                   self.bf16_attention).reshape(n, -1)
 
         normed = self._layers(h, self._rope_at(positions), lora, attend)
         return self.logits(normed[-1:])[0] if sample else None
@@ -278,7 +278,7 @@ class Decoder:
                 attn = q.new_zeros(q.shape)
                 for j, (slot, start, prompt) in enumerate(zip(slots, starts, prompts, strict=True)):
                     attn[j, : len(prompt)] = chunk_attention(q[j, : len(prompt)], kc[i, slot], vc[i, slot], start,
-                                                             native=True, amx=self.amx_attention)
+                                                             native=True, bf16=self.bf16_attention)
             else:
                 attn = F.scaled_dot_product_attention(q.transpose(1, 2), kc[i, slot_index, :, :span],
                                                       vc[i, slot_index, :, :span], attn_mask=mask,
@@ -299,7 +299,7 @@ class Decoder:
         if self.native_attention:  # our kernel writes k/v too, and reads each row's own prefix: no mask to build
 
             def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                return decode_attention(q, k, v, kc[i], vc[i], positions_t, self.amx_attention).reshape(b, -1)
+                return decode_attention(q, k, v, kc[i], vc[i], positions_t, self.bf16_attention).reshape(b, -1)
         else:
             rows = torch.arange(b, device=self.device)
             group = self.n_heads // self.n_kv

@@ -142,7 +142,7 @@ def test_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(mon
     monkeypatch.setenv("SIE_ATTENTION", "fp32")
     model = _tiny_llama()
     dec = Decoder(_tiny_llama().to(getattr(torch, weights)), max_len=256)
-    assert dec.native_attention and not dec.amx_attention and dec.linear_kind == "tiled"
+    assert dec.native_attention and not dec.bf16_attention and dec.linear_kind == "tiled"
     assert dec.dtype == torch.float32 and dec.weight_dtype == getattr(torch, weights)
     cache = dec.new_cache(3, 256)
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()

@@ -1,6 +1,6 @@
-// The AMX tile unit: whether this process may use it, and the one tile configuration our kernels share (eight
-// tiles of 16 rows x 64 bytes: a tile multiply adds 16 rows x 16 columns x 16 bf16 pairs into fp32).
-// Included by tiled_linear_bf16.cpp and attention_amx.cpp.
+// The CPU's bf16 units: whether it has AVX512_BF16 (vdpbf16ps) and whether this process may use the AMX tile unit,
+// and the one tile configuration our kernels share (eight tiles of 16 rows x 64 bytes: a tile multiply adds 16 rows
+// x 16 columns x 16 bf16 pairs into fp32). Included by tiled_linear_bf16.cpp and attention_bf16.cpp.
 #pragma once
 
 #include <cpuid.h>
@@ -19,6 +19,11 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+
+inline bool has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
 
 inline bool has_amx() {
   static const bool yes = [] {

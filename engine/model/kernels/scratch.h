@@ -1,7 +1,7 @@
 // Per-thread buffers that outlive a kernel call, one per slot of an enum (ending in kCount), each grown to the
 // largest size asked and reused, 64-byte aligned. Why: fresh ones cost a prefill chunk a page fault per 4 KB every
 // call (glibc maps allocations over 128 KB anew, and the kernel zeroes the pages): 6 % of a 512-token chunk's
-// attention. Used by causal_attention.cpp and attention_amx.cpp.
+// attention. Used by causal_attention.cpp and attention_bf16.cpp.
 #pragma once
 
 #include <cstdint>

@@ -85,11 +85,6 @@ void run_panels(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K2, int
   });
 }
 
-bool has_avx512_bf16() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
-
 // ---- AMX: the same product on the tile unit, where the CPU has AMX-BF16 and the OS lets this process use it ----
 //
 // A tile multiply adds 16 rows x 16 columns x 16 k pairs at once, about 8x the pairs a vdpbf16ps adds per cycle.

@@ -1,18 +1,19 @@
-// Causal attention with bf16 products on AMX tiles, for the bf16 profile on AMX CPUs, where the activations and the
-// KV cache stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a prefill chunk, a decode
-// step), the same arguments, fp32 in and out.
+// Causal attention with bf16 products, for the bf16 profile's mixed mode on CPUs with AVX512_BF16, where the
+// activations and the KV cache stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a
+// prefill chunk, a decode step), the same arguments, fp32 in and out. The products run on AMX tiles where the CPU
+// has AMX, on vdpbf16ps otherwise (attention_bf16_products.h).
 //
-// Why: in a bf16 prefill the linears run on AMX and the fp32 attention kernel became half the time (330 of 620 ms
-// on a 1.5k-token prompt, 2-core Xeon). Here Q.K^T and P.V are tile multiplies: Q is scaled then rounded to bf16, K
-// and V are rounded as they are read from the fp32 cache, and P, an fp32 softmax's exps, is rounded before it
-// multiplies V; every product adds into fp32.
+// Why: in a bf16 prefill the linears run at bf16's rate and the fp32 attention kernel became half the time (330 of
+// 620 ms on a 1.5k-token prompt, 2-core Xeon; 530 of 1,600 ms on the AVX-512 EPYC). Here Q.K^T and P.V multiply
+// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from the fp32 cache, and P,
+// an fp32 softmax's exps, is rounded before it multiplies V; every product adds into fp32.
 //
 // The guarantees of causal_attention.cpp hold: a query's output depends only on its own q and keys 0..its position,
-// each in one fixed chain: a score over d in tile steps of 32; the softmax's max exact and its denominator (the
-// exps' fp32 sum) in 4 x 16 fixed lanes from key 0; each output over 32-key blocks from key 0, blocks past
-// the row's position adding exact zeros. A tile's other rows never enter a row's chain, so a prefix-cache hit gives
-// the same bits as a miss, a prompt the same bits whatever its chunking or batch, and a decode step the bits a
-// prefill gives (a decode row is one zero-padded 16-row tile, through the same blocks).
+// each in one fixed chain: a score over d in order; the softmax's max exact and its denominator (the exps' fp32
+// sum) in 4 x 16 fixed lanes from key 0; each output over 32-key blocks from key 0, blocks past the row's position
+// adding exact zeros. Other rows never enter a row's chain, so a prefix-cache hit gives the same bits as a miss, a
+// prompt the same bits whatever its chunking or batch, and a decode step the bits a prefill gives (a decode row
+// goes through the same blocks).
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -22,6 +23,7 @@
 #include <cmath>
 
 #include "amx.h"
+#include "attention_bf16_products.h"
 #include "scratch.h"
 
 namespace {
@@ -138,59 +140,22 @@ SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16
   return avx512::fold_add(Vec16{_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]))});
 }
 
-SIE_AMX inline void zero_accumulators() {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-}
-
-// One k step of a 32 x 32 block (16 x 32 when not `two`): the row tiles at a (and 16 rows on), `lda` bf16 a row,
-// times the column tiles at b0 and b1 (64 bytes a row), into accumulators 0-3.
-SIE_AMX inline void multiply_step(const uint16_t* a, int64_t lda, const void* b0, const void* b1, bool two) {
-  _tile_loadd(4, a, 2 * lda);
-  _tile_loadd(6, b0, 64);
-  _tile_loadd(7, b1, 64);
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_dpbf16ps(1, 4, 7);
-  if (two) {
-    _tile_loadd(5, a + 16 * lda, 2 * lda);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-}
-
-// The accumulators to c (ldc floats a row): rows 0-15 (and 16-31 when `two`) x 32 columns
-SIE_AMX inline void store_accumulators(float* c, int64_t ldc, bool two) {
-  _tile_stored(0, c, 4 * ldc);
-  _tile_stored(1, c + 16, 4 * ldc);
-  if (two) {
-    _tile_stored(2, c + 16 * ldc, 4 * ldc);
-    _tile_stored(3, c + 16 * ldc + 16, 4 * ldc);
-  }
-}
-
 // The rows of one work item: q [rows, D] bf16 (rows a multiple of 16, zero rows past the real ones), against keys
 // 0..key_end-1 of the packed kt / vt (key_end a multiple of 32). Row r is query head r % group of the item's KV
 // head at position r / group from its first: it sees keys 0..first_valid + r / group - 1, and its output, divided by
 // its denominator, goes to out + (r / group) * out_row + (r % group) * D. Scratch: s [rows, key_end] fp32, p [rows,
 // key_end] bf16, o [rows, D].
-// Tile registers: 0-3 the accumulators of 2 row tiles x 2 column tiles, 4-5 the row tiles, 6-7 the column tiles.
+// `amx`: the products on AMX tiles (all `rows`), else on vdpbf16ps (the real rows alone).
 SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int64_t D, const uint32_t* kt,
                          const uint32_t* vt, int64_t key_end, int64_t group, int64_t first_valid, float* out,
-                         int64_t out_row) {
+                         int64_t out_row, bool amx) {
   float* s = scratch<float>(Scratch::kScores, rows * key_end);
   uint16_t* p = scratch<uint16_t>(Scratch::kProbs, rows * key_end);
   float* o = scratch<float>(Scratch::kOutputs, rows * D);
-  for (int64_t r = 0; r < rows; r += 32) {  // S = Q.K^T, 32 keys at a time, d in steps of 32
-    const bool two = rows - r >= 32;
-    for (int64_t key = 0; key < key_end; key += 32) {
-      zero_accumulators();
-      for (int64_t d = 0; d < D; d += 32)
-        multiply_step(q + r * D + d, D, kt + key * (D / 2) + d / 2 * 16, kt + (key + 16) * (D / 2) + d / 2 * 16, two);
-      store_accumulators(s + r * key_end + key, key_end, two);
-    }
-  }
+  if (amx)
+    scores_amx(q, rows, D, kt, key_end, s);
+  else
+    scores_dot(q, rows_real, D, kt, key_end, s);
   float* denom = scratch<float>(Scratch::kDenominators, rows_real);
   for (int64_t r = 0; r < rows; ++r) {
     if (r < rows_real)
@@ -198,43 +163,37 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
     else
       std::fill(p + r * key_end, p + (r + 1) * key_end, uint16_t(0));
   }
-  for (int64_t r = 0; r < rows; r += 32) {  // O = P.V, 32 columns at a time, keys in blocks of 32 from key 0
-    const bool two = rows - r >= 32;
-    for (int64_t c = 0; c < D; c += 32) {
-      zero_accumulators();
-      for (int64_t key = 0; key < key_end; key += kKeyBlock) {
-        const uint32_t* v = vt + (key / kKeyBlock * (D / 16) + c / 16) * 256;
-        multiply_step(p + r * key_end + key, key_end, v, v + 256, two);
-      }
-      store_accumulators(o + r * D + c, D, two);
-    }
-  }
+  if (amx)
+    values_amx(p, rows, key_end, vt, D, o);
+  else
+    values_dot(p, rows_real, key_end, vt, D, o);
   for (int64_t r = 0; r < rows_real; ++r)
     for (int64_t d = 0; d < D; ++d) out[r / group * out_row + r % group * D + d] = o[r * D + d] / denom[r];
 }
 
 void check_common(const at::Tensor& q, int64_t D) {
-  TORCH_CHECK(has_amx(), "attention_amx: this CPU (or OS) gives no AMX");
-  TORCH_CHECK(q.scalar_type() == at::kFloat, "attention_amx: fp32 queries, keys and values");
-  TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_amx: head_dim a multiple of 32, at most 256");
+  TORCH_CHECK(has_avx512_bf16(), "attention_bf16: this CPU has no AVX512_BF16");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "attention_bf16: fp32 queries, keys and values");
+  TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_bf16: head_dim a multiple of 32, at most 256");
 }
 
 // causal_attention.cpp's causal_attention, on AMX: q [n, Hq, D] for positions start..start+n-1, k and v [Hkv, >=
 // start+n, D] (the chunk's own keys written) -> [n, Hq, D].
-at::Tensor causal_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
+at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
                                 double scale) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention_amx: q [n, Hq, D], k/v [Hkv, L, D]");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention_bf16: q [n, Hq, D], k/v [Hkv, L, D]");
   const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(0), keys = start + n;
   check_common(q, D);
   TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(2) == D && v.size(2) == D,
-              "causal_attention_amx: fp32 k and v of q's head_dim");
-  TORCH_CHECK(hq % hkv == 0 && v.size(0) == hkv, "causal_attention_amx: query heads a multiple of KV heads");
-  TORCH_CHECK(start >= 0 && k.size(1) >= keys && v.size(1) >= keys, "causal_attention_amx: keys 0..start+n needed");
+              "causal_attention_bf16: fp32 k and v of q's head_dim");
+  TORCH_CHECK(hq % hkv == 0 && v.size(0) == hkv, "causal_attention_bf16: query heads a multiple of KV heads");
+  TORCH_CHECK(start >= 0 && k.size(1) >= keys && v.size(1) >= keys, "causal_attention_bf16: keys 0..start+n needed");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D && k.stride(2) == 1 && v.stride(2) == 1,
-              "causal_attention_amx: rows of contiguous heads, contiguous features");
+              "causal_attention_bf16: rows of contiguous heads, contiguous features");
   at::Tensor out = at::empty({n, hq, D}, q.options());
   if (n == 0) return out;
   const int64_t keys_pad = round_up(keys, kKeyBlock), group = hq / hkv;
+  const bool amx = has_amx();
   // every KV head's keys and values packed once, in 32-key blocks across both cores
   uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, hkv * keys_pad * D / 2);
   uint32_t* vt = scratch<uint32_t>(Scratch::kValues, hkv * keys_pad * D / 2);
@@ -255,7 +214,7 @@ at::Tensor causal_attention_amx(const at::Tensor& q, const at::Tensor& k, const 
   float* op = out.data_ptr<float>();
   // work items alternate the cheapest and the dearest query blocks, as in causal_attention.cpp
   at::parallel_for(0, hkv * q_blocks, 1, [&](int64_t lo, int64_t hi) {
-    load_tile_config();
+    if (amx) load_tile_config();
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t g = w % hkv, j = w / hkv;
       const int64_t qb = j % 2 == 0 ? j / 2 : q_blocks - 1 - j / 2;
@@ -268,45 +227,46 @@ at::Tensor causal_attention_amx(const at::Tensor& q, const at::Tensor& k, const 
       std::fill(qs + rows_real * D, qs + rows * D, uint16_t(0));
       const int64_t key_end = round_up(start + first + positions, kKeyBlock);
       attend_rows(qs, rows, rows_real, D, kt + g * keys_pad * D / 2, vt + g * keys_pad * D / 2, key_end, group,
-                  start + first + 1, op + (first * hq + g * group) * D, hq * D);
+                  start + first + 1, op + (first * hq + g * group) * D, hq * D, amx);
     }
-    release_tiles();
+    if (amx) release_tiles();
   });
   return out;
 }
 
 // causal_attention.cpp's decode_attention, on AMX: q [B, Hq, D], the new k and v [B, Hkv, D], the layer's caches
 // [slots, Hkv, L, D] (written at positions[b], then read over 0..positions[b]) -> [B, Hq, D], the bits
-// causal_attention_amx gives that query.
-at::Tensor decode_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+// causal_attention_bf16 gives that query.
+at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions,
                                 double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
-              "decode_attention_amx: q [B, Hq, D], k/v [B, Hkv, D], caches [slots, Hkv, L, D]");
+              "decode_attention_bf16: q [B, Hq, D], k/v [B, Hkv, D], caches [slots, Hkv, L, D]");
   const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), len = k_cache.size(2);
   check_common(q, D);
   for (const at::Tensor* t : {&q, &k, &v, &k_cache, &v_cache})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention_amx: fp32, features contiguous");
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention_bf16: fp32, features contiguous");
   TORCH_CHECK(k_cache.size(3) == D && hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b &&
                   v.size(0) == b,
-              "decode_attention_amx: query heads a multiple of KV heads, one new key and value per row");
-  TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention_amx: heads contiguous");
+              "decode_attention_bf16: query heads a multiple of KV heads, one new key and value per row");
+  TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention_bf16: heads contiguous");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
                   k_cache.size(0) >= b && k_cache.stride(2) == D,
-              "decode_attention_amx: caches alike, a slot per row");
+              "decode_attention_bf16: caches alike, a slot per row");
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == b,
-              "decode_attention_amx: int64 positions [B]");
+              "decode_attention_bf16: int64 positions [B]");
   const at::Tensor pos = positions.contiguous();
   const int64_t* pp = pos.data_ptr<int64_t>();
   for (int64_t i = 0; i < b; ++i)
-    TORCH_CHECK(pp[i] >= 0 && pp[i] < len, "decode_attention_amx: a position outside the cache");
+    TORCH_CHECK(pp[i] >= 0 && pp[i] < len, "decode_attention_bf16: a position outside the cache");
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
   const int64_t group = hq / hkv, rows = round_up(group, 16);
+  const bool amx = has_amx();
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
   at::parallel_for(0, b * hkv, 1, [&](int64_t lo, int64_t hi) {
-    load_tile_config();
+    if (amx) load_tile_config();
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
       float* kh = kc + row * k_cache.stride(0) + g * k_cache.stride(1);
@@ -323,9 +283,9 @@ at::Tensor decode_attention_amx(const at::Tensor& q, const at::Tensor& k, const 
                    qs + r * D);
       std::fill(qs + group * D, qs + rows * D, uint16_t(0));
       attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
-                  hq * D);
+                  hq * D, amx);
     }
-    release_tiles();
+    if (amx) release_tiles();
   });
   return out;
 }
@@ -333,9 +293,9 @@ at::Tensor decode_attention_amx(const at::Tensor& q, const at::Tensor& k, const 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sie_kernels, m) {
-  m.def("causal_attention_amx(Tensor q, Tensor k, Tensor v, int start, float scale) -> Tensor");
-  m.impl("causal_attention_amx", c10::DispatchKey::CPU, TORCH_FN(causal_attention_amx));
-  m.def("decode_attention_amx(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, int start, float scale) -> Tensor");
+  m.impl("causal_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(causal_attention_bf16));
+  m.def("decode_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor positions, float scale) -> Tensor");
-  m.impl("decode_attention_amx", c10::DispatchKey::CPU, TORCH_FN(decode_attention_amx));
+  m.impl("decode_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(decode_attention_bf16));
 }

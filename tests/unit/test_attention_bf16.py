@@ -1,7 +1,8 @@
-"""engine/model/kernels/attention_amx.cpp: causal attention with bf16 products on AMX (the bf16 profile's mixed mode)
-is as close to fp32 SDPA as bf16 products allow, and keeps the fp32 kernel's guarantees bit for bit: a query's
-output does not depend on its chunk, the cached prefix or the batch, and a decode step gives the bits a prefill
-gives; through the decoder, a prompt's logits are the same whole, chunked, cached, batched or decoded."""
+"""engine/model/kernels/attention_bf16.cpp: causal attention with bf16 products (the bf16 profile's mixed mode), on
+AMX tiles or vdpbf16ps, whichever this CPU has, is as close to fp32 SDPA as bf16 products allow, and keeps the fp32
+kernel's guarantees bit for bit: a query's output does not depend on its chunk, the cached prefix or the batch, and
+a decode step gives the bits a prefill gives; through the decoder, a prompt's logits are the same whole, chunked,
+cached, batched or decoded."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import cpu_kernels
-from engine.model.attention import amx_supported, chunk_attention, decode_attention
+from engine.model.attention import bf16_supported, chunk_attention, decode_attention
 from tests.unit.decoder_checks import assert_same_logits_chunked_cached_batched_or_decoded
 from tests.unit.tiny_models import tiny_llama
 
-pytestmark = pytest.mark.skipif(not (cpu_kernels.available() and torch.ops.sie_kernels.has_amx()),
-                                reason="the AMX attention kernel runs where the CPU (and OS) gives AMX")
+pytestmark = pytest.mark.skipif(not (cpu_kernels.available() and torch.ops.sie_kernels.has_avx512_bf16()),
+                                reason="the bf16 attention kernel runs where the CPU has AVX512_BF16")
 
 CPU = torch.device("cpu")
 
 
 def _kernel(q, k, v, start):
-    return chunk_attention(q, k, v, start, native=True, amx=True)
+    return chunk_attention(q, k, v, start, native=True, bf16=True)
 
 
 def _reference(q, k, v, start):
@@ -68,7 +69,7 @@ def test_a_decode_step_writes_its_key_and_value_and_gives_the_prefills_bits():
     for row, p in enumerate(positions.tolist()):  # what a slot holds past its position never reaches the output
         k_cache[row, :, p + 1 :], v_cache[row, :, p + 1 :] = float("nan"), float("nan")
     untouched = k_cache[b].clone()
-    out = decode_attention(q, k, v, k_cache, v_cache, positions, amx=True)
+    out = decode_attention(q, k, v, k_cache, v_cache, positions, bf16=True)
     assert torch.equal(k_cache[b], untouched) and not out.isnan().any()
     for row, p in enumerate(positions.tolist()):
         assert torch.equal(k_cache[row, :, p], k[row]) and torch.equal(v_cache[row, :, p], v[row])
@@ -88,20 +89,20 @@ def test_bad_shapes_are_refused():
     q, k, v = torch.randn(2, 9, 64), torch.randn(2, 3, 64), torch.randn(2, 3, 64)
     caches = torch.randn(2, 3, 16, 64), torch.randn(2, 3, 16, 64)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        decode_attention(q, k, v, *caches, torch.tensor([3, 16]), amx=True)
+        decode_attention(q, k, v, *caches, torch.tensor([3, 16]), bf16=True)
 
 
 def test_only_for_bf16_weights_and_not_when_fp32_attention_is_asked(monkeypatch):
-    assert amx_supported(torch.bfloat16, CPU, 64)
-    assert not amx_supported(torch.float32, CPU, 64)
-    assert not amx_supported(torch.bfloat16, CPU, 80)
+    assert bf16_supported(torch.bfloat16, CPU, 64)
+    assert not bf16_supported(torch.float32, CPU, 64)
+    assert not bf16_supported(torch.bfloat16, CPU, 80)
     monkeypatch.setenv("SIE_ATTENTION", "fp32")
-    assert not amx_supported(torch.bfloat16, CPU, 64)
+    assert not bf16_supported(torch.bfloat16, CPU, 64)
 
 
 @torch.inference_mode()
 def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch):
-    """bf16 weights on the tiled kernel: the attention runs on AMX in prefill and decode alike, so every op of the
+    """bf16 weights on the tiled kernel: the attention multiplies bf16 in prefill and decode alike, so every op of the
     forward is row-invariant and the bits cannot depend on the chunking, the prefix cache or the batch."""
     from engine.model.decoder import Decoder
 
@@ -110,7 +111,7 @@ def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decod
                  max_position_embeddings=256)  # head dim 64, a GQA group of 3, as SmolLM2
     reference = tiny_llama(**shape)
     dec = Decoder(tiny_llama(**shape).to(torch.bfloat16), max_len=256)
-    assert dec.amx_attention and dec.dtype == torch.float32
+    assert dec.bf16_attention and dec.dtype == torch.float32
     cache = dec.new_cache(3, 256)
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     whole = dec.prefill(cache, 0, prompt, 0)
