@@ -15,6 +15,7 @@ import torch
 from engine.core.engine_core import EngineCore
 from engine.core.postprocess import OutputPostprocessor
 from engine.core.stats import EngineStats
+from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, QueueFull, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
@@ -233,6 +234,11 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """What the engine measures (engine/core/stats.py), for its metrics."""
         return self.core.scheduler.stats
+
+    @property
+    def step_timing(self) -> StepTiming:
+        """Where the pure decode steps' time goes, by phase (engine/core/step_timing.py), for its metrics."""
+        return self.core.timing
 
     @property
     def num_waiting(self) -> int:

@@ -57,6 +57,15 @@ class StepTiming:
         self._sums.clear()
         self._last_end = None
 
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase, and `steps`, over every pure decode step counted: running totals that only grow
+        (short of `reset`), which the served engine exports (engine/triton/metrics.py) from another thread."""
+        out = dict.fromkeys(("steps", *PHASES), 0.0)
+        for sums in list(self._sums.values()):  # a copy: the engine thread may add a batch size meanwhile
+            for key, seconds in list(sums.items()):
+                out[key] += seconds
+        return out
+
     def summary(self) -> dict[int, dict[str, float]]:
         """Per decode batch size: milliseconds per step for each phase, `wall` (their sum), `steps`, and
         `outside_forward` (the share of the step that is not the forward)."""

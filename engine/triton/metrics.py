@@ -16,6 +16,8 @@ import random
 import threading
 from typing import Any
 
+from engine.core.step_timing import PHASES
+
 log = logging.getLogger(__name__)
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards and SLOs carry over
@@ -68,7 +70,14 @@ class EngineMetrics:
             timing: self._metric(self._kinds.HISTOGRAM, f"sie_engine_{timing}_seconds", doc, buckets=buckets)
             for timing, (buckets, doc) in HISTOGRAMS.items()
         }
-        self._counted: dict[str, int] = {}
+        # where a pure decode step's time goes (engine/core/step_timing.py): seconds by phase, and the steps, so a
+        # dashboard divides the two for the step budget (issue 22) on the served engine
+        self._step_seconds = {phase: self._metric(self._kinds.COUNTER, "sie_engine_decode_step_seconds_total",
+                                                  "Seconds of pure decode steps, by phase", phase=phase)
+                              for phase in PHASES}
+        self._steps = self._metric(self._kinds.COUNTER, "sie_engine_decode_steps_total",
+                                   "Pure decode steps (steps that prefill nothing)")
+        self._counted: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(period_s,), name="engine-metrics", daemon=True)
         self._thread.start()
@@ -107,6 +116,10 @@ class EngineMetrics:
             if reason not in self._finished:
                 self._finished[reason] = self._finished_metric(reason)
             self._add(f"finished:{reason}", self._finished[reason], value)
+        totals = self.engine.step_timing.totals()
+        self._add("steps", self._steps, totals["steps"])
+        for phase, metric in self._step_seconds.items():
+            self._add(f"step:{phase}", metric, totals[phase])
         for timing, histogram in self._histograms.items():
             values = stats.drain(timing)
             if len(values) > MAX_OBSERVED_PER_PERIOD:
@@ -114,7 +127,7 @@ class EngineMetrics:
             for seconds in values:
                 histogram.observe(seconds)
 
-    def _add(self, key: str, metric, value: int) -> None:
+    def _add(self, key: str, metric, value: float) -> None:
         grown = value - self._counted.get(key, 0)
         if grown > 0:
             metric.increment(grown)
@@ -128,5 +141,7 @@ class EngineMetrics:
         self._counters.clear()
         self._finished.clear()
         self._histograms.clear()
+        self._step_seconds.clear()
+        self._steps = None
         self._metrics.clear()  # the metrics go first: a family must outlive its metrics
         self._families.clear()

@@ -10,6 +10,7 @@ import weakref
 import pytest
 
 from engine.core.stats import EngineStats
+from engine.core.step_timing import PHASES, StepTiming
 from engine.sampling_params import SamplingParams
 from engine.triton.metrics import ITL_BUCKETS, MAX_OBSERVED_PER_PERIOD, TTFT_BUCKETS, EngineMetrics
 
@@ -145,6 +146,7 @@ class Metric:
 class FakeEngine:
     def __init__(self) -> None:
         self.stats = EngineStats(kv_budget=100)
+        self.step_timing = StepTiming()
         self.num_waiting = 0
 
 
@@ -186,6 +188,36 @@ def test_gauges_counters_and_histograms_with_the_model_label(exported):
     assert backend.value("sie_engine_request_success_total", finished_reason="tool_calls") == 1
     assert backend.value("sie_engine_time_to_first_token_seconds") == [0.12]  # observed once
     assert not any(name.endswith("_last") for name in backend.families)
+
+
+def _decode_step(timing: StepTiming, batch: int, forward_s: float) -> None:
+    timing.start()
+    timing.lap("schedule")
+    time.sleep(forward_s)
+    timing.lap("forward")
+    timing.end(batch)
+
+
+def test_decode_step_time_by_phase_adds_up_across_batch_sizes(exported):
+    """The step budget on the served engine: a dashboard divides seconds by phase by the steps."""
+    backend, engine, metrics = exported
+    metrics.update()
+    assert backend.value("sie_engine_decode_steps_total", model="m1") == 0
+    _decode_step(engine.step_timing, 1, 0.01)
+    _decode_step(engine.step_timing, 8, 0.02)
+    engine.step_timing.start()  # a step that prefills is not a decode step: not counted
+    engine.step_timing.prefilled()
+    engine.step_timing.lap("forward")
+    engine.step_timing.end(8)
+    metrics.update()
+    assert backend.value("sie_engine_decode_steps_total", model="m1") == 2
+    forward = backend.value("sie_engine_decode_step_seconds_total", phase="forward")
+    assert 0.03 <= forward < 0.1
+    assert {m.labels["phase"] for m in backend.families["sie_engine_decode_step_seconds_total"].live()} == set(PHASES)
+    _decode_step(engine.step_timing, 8, 0.02)
+    metrics.update()  # only the growth is added
+    assert backend.value("sie_engine_decode_steps_total", model="m1") == 3
+    assert 0.05 <= backend.value("sie_engine_decode_step_seconds_total", phase="forward") < 0.15
 
 
 def test_a_flood_of_timings_is_sampled_not_queued(exported):
