@@ -1,4 +1,4 @@
-"""One check shared by the attention kernels' decoder tests (fp32 and bf16 on AMX)."""
+"""One check shared by the attention kernels' decoder tests (fp32, and bf16 products)."""
 
 from __future__ import annotations
 

@@ -177,8 +177,8 @@ void check_common(const at::Tensor& q, int64_t D) {
   TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_bf16: head_dim a multiple of 32, at most 256");
 }
 
-// causal_attention.cpp's causal_attention, on AMX: q [n, Hq, D] for positions start..start+n-1, k and v [Hkv, >=
-// start+n, D] (the chunk's own keys written) -> [n, Hq, D].
+// causal_attention.cpp's causal_attention with bf16 products: q [n, Hq, D] for positions start..start+n-1, k and
+// v [Hkv, >= start+n, D] (the chunk's own keys written) -> [n, Hq, D].
 at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
                                 double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention_bf16: q [n, Hq, D], k/v [Hkv, L, D]");
@@ -234,9 +234,9 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   return out;
 }
 
-// causal_attention.cpp's decode_attention, on AMX: q [B, Hq, D], the new k and v [B, Hkv, D], the layer's caches
-// [slots, Hkv, L, D] (written at positions[b], then read over 0..positions[b]) -> [B, Hq, D], the bits
-// causal_attention_bf16 gives that query.
+// causal_attention.cpp's decode_attention with bf16 products: q [B, Hq, D], the new k and v [B, Hkv, D], the
+// layer's caches [slots, Hkv, L, D] (written at positions[b], then read over 0..positions[b]) -> [B, Hq, D], the
+// bits causal_attention_bf16 gives that query.
 at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions,
                                 double scale) {
