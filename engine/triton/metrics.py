@@ -16,8 +16,6 @@ import random
 import threading
 from typing import Any
 
-from engine.core.step_timing import PHASES
-
 log = logging.getLogger(__name__)
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards and SLOs carry over
@@ -74,7 +72,7 @@ class EngineMetrics:
         # dashboard divides the two for the step budget (issue 22) on the served engine
         self._step_seconds = {phase: self._metric(self._kinds.COUNTER, "sie_engine_decode_step_seconds_total",
                                                   "Seconds of pure decode steps, by phase", phase=phase)
-                              for phase in PHASES}
+                              for phase in engine.step_timing.totals() if phase != "steps"}
         self._steps = self._metric(self._kinds.COUNTER, "sie_engine_decode_steps_total",
                                    "Pure decode steps (steps that prefill nothing)")
         self._counted: dict[str, float] = {}

@@ -1,4 +1,4 @@
-"""engine/model/kernels/lora_add.cpp: out[rows] += (x[rows] @ A^T) @ B^T in one call agrees with torch's matmuls,
+"""engine/model/kernels/lora_add.cpp: out[rows] += (x[rows] @ A^T) @ B^T in one call agrees with the product in fp64,
 works row by row (a row's bits do not depend on its batch, its place in it, or the ISA variant), touches only the
 rows it is given, and refuses what it cannot run. The adapter end to end: tests/unit/test_engine_lora.py."""
 
@@ -22,11 +22,13 @@ def operands(rows: int, k: int, n: int, rank: int, seed: int = 0):
 
 @pytest.mark.parametrize(("rows", "k", "n", "rank"), [(1, 576, 3072, 16), (3, 64, 960, 12), (8, 1536, 576, 8),
                                                       (9, 576, 960, 24), (37, 128, 48, 5)])
-def test_all_rows_match_torch(rows, k, n, rank):
+def test_all_rows_match_the_fp64_product(rows, k, n, rank):
+    """Within fp32 rounding of the largest output (1e-6 of it): the sums reach ~600 here, and torch's own fp32
+    matmuls land up to 1.8e-4 from fp64 on the AVX-512 EPYC (ours 1.2e-4), past a fixed 1e-4."""
     out, x, a, b_t = operands(rows, k, n, rank)
-    expected = out + (x @ a.t()) @ b_t
+    expected = out.double() + (x.double() @ a.double().t()) @ b_t.double()
     ops.lora_add_(out, x, None, a, b_t)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-6 * expected.abs().max().item())
 
 
 def test_only_the_listed_rows_change():
