@@ -117,28 +117,45 @@ SIE_AMX inline void store(const __m512 (&acc)[MT][2], float* c, int64_t ldc) {
   }
 }
 
-// Rows in blocks of 8, then one block of the rest (7..1): only the real rows are computed
-template <int MT>
-SIE_AMX void scores_dot_rows(const uint16_t* q, int64_t rows, int64_t D, const uint32_t* kt, int64_t key_end,
-                             float* s) {
-  int64_t r = 0;
-  for (; r + MT <= rows; r += MT)
+// block.run<MT>(r) for rows r..r+MT-1 in blocks of MT (8), then one block of the rest (7..1): only the real rows
+// are computed
+template <int MT, class Block>
+SIE_AMX void in_row_blocks(const Block& block, int64_t rows, int64_t r = 0) {
+  for (; r + MT <= rows; r += MT) block.template run<MT>(r);
+  if constexpr (MT > 1) {
+    if (r < rows) in_row_blocks<MT - 1>(block, rows, r);
+  }
+}
+
+// S = Q.K^T, a row block against 32 keys at a time, d in pairs from 0
+struct ScoresDot {
+  const uint16_t* q;
+  int64_t D;
+  const uint32_t* kt;
+  int64_t key_end;
+  float* s;
+
+  template <int MT>
+  SIE_AMX void run(int64_t r) const {
     for (int64_t key = 0; key < key_end; key += 32) {
       __m512 acc[MT][2];
       zero(acc);
       dot_block(acc, q + r * D, D, kt + key * (D / 2), kt + (key + 16) * (D / 2), 16, D / 2);
       store(acc, s + r * key_end + key, key_end);
     }
-  if constexpr (MT > 1) {
-    if (r < rows) scores_dot_rows<MT - 1>(q + r * D, rows - r, D, kt, key_end, s + r * key_end);
   }
-}
+};
 
-template <int MT>
-SIE_AMX void values_dot_rows(const uint16_t* p, int64_t rows, int64_t key_end, const uint32_t* vt, int64_t D,
-                             float* o) {
-  int64_t r = 0;
-  for (; r + MT <= rows; r += MT)
+// O = P.V, a row block against 32 columns at a time, keys in blocks of 32 from key 0
+struct ValuesDot {
+  const uint16_t* p;
+  int64_t key_end;
+  const uint32_t* vt;
+  int64_t D;
+  float* o;
+
+  template <int MT>
+  SIE_AMX void run(int64_t r) const {
     for (int64_t c = 0; c < D; c += 32) {
       __m512 acc[MT][2];
       zero(acc);
@@ -148,18 +165,16 @@ SIE_AMX void values_dot_rows(const uint16_t* p, int64_t rows, int64_t key_end, c
       }
       store(acc, o + r * D + c, D);
     }
-  if constexpr (MT > 1) {
-    if (r < rows) values_dot_rows<MT - 1>(p + r * key_end, rows - r, key_end, vt, D, o + r * D);
   }
-}
+};
 
 // scores_amx and values_amx on vdpbf16ps, over the real rows alone
 SIE_AMX void scores_dot(const uint16_t* q, int64_t rows, int64_t D, const uint32_t* kt, int64_t key_end, float* s) {
-  scores_dot_rows<8>(q, rows, D, kt, key_end, s);
+  in_row_blocks<8>(ScoresDot{q, D, kt, key_end, s}, rows);
 }
 
 SIE_AMX void values_dot(const uint16_t* p, int64_t rows, int64_t key_end, const uint32_t* vt, int64_t D, float* o) {
-  values_dot_rows<8>(p, rows, key_end, vt, D, o);
+  in_row_blocks<8>(ValuesDot{p, key_end, vt, D, o}, rows);
 }
 
 }  // namespace
