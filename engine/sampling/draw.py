@@ -36,37 +36,53 @@ def choose(logits: torch.Tensor, rows: Sequence) -> torch.Tensor:
     draws = [torch.rand(1, generator=rows[i].generator, dtype=torch.float64, device="cpu").item() for i in sampled]
     settings = stage([[p.temperature, p.top_p if p.top_p < 1.0 else float("inf"), _top_k(p, vocab), u]
                       for p, u in zip(params, draws, strict=True)], torch.float64, device)
-    sub = logits[row_index(sampled, len(rows), device)] / settings[:, 0:1].to(logits.dtype)
+    # the rows unscaled (a view when every row samples): temperature divides only what each draw reads
+    raw = logits[row_index(sampled, len(rows), device)]
     truncated = [j for j, p in enumerate(params) if p.top_p < 1.0 or _top_k(p, vocab) < vocab]
     plain = [j for j in range(len(params)) if j not in set(truncated)]
     picks = torch.empty(len(params), dtype=torch.long, device=device)
     if plain:
         index = row_index(plain, len(params), device)
-        picks[index] = inverse_cdf(torch.softmax(sub[index], dim=-1), settings[index, 3])
+        picks[index] = inverse_cdf(torch.softmax(_scaled(raw[index], settings[index]), dim=-1), settings[index, 3])
     if truncated:
         index = row_index(truncated, len(params), device)
-        picks[index] = _draw_truncated(sub[index], [params[j] for j in truncated], settings[index])
+        picks[index] = _draw_truncated(raw[index], [params[j] for j in truncated], settings[index])
     tokens[row_index(sampled, len(rows), device)] = picks
     return tokens
+
+
+def _scaled(logits: torch.Tensor, settings: torch.Tensor) -> torch.Tensor:
+    """[S, W] logits over each row's temperature (settings[:, 0])."""
+    return logits / settings[:, 0:1].to(logits.dtype)
 
 
 def _top_k(p: SamplingParams, vocab: int) -> int:
     return p.top_k if 0 < p.top_k < vocab else vocab
 
 
-def _draw_truncated(sub: torch.Tensor, params: list[SamplingParams], settings: torch.Tensor) -> torch.Tensor:
-    """[S] tokens for rows that truncate (top-k and/or top-p), drawn over their candidates only."""
-    vocab = sub.shape[-1]
+def _draw_truncated(raw: torch.Tensor, params: list[SamplingParams], settings: torch.Tensor) -> torch.Tensor:
+    """[S] tokens for rows that truncate (top-k and/or top-p), drawn over their candidates only.
+
+    `raw` is unscaled: a positive temperature keeps every row's order, so the candidates are taken first and only
+    their values divided, the same quotients as dividing the whole row (a row without top_k divides its whole
+    row once more, for the normaliser of its nucleus)."""
+    vocab = raw.shape[-1]
     has_k = [_top_k(p, vocab) < vocab for p in params]
     width = max([_top_k(p, vocab) for p, k in zip(params, has_k, strict=True) if k]
                 + ([] if all(has_k) else [min(PREFILTER, vocab)]))
-    values, order = row_ops.topk(sub, width)
-    full_lse = None if all(has_k) else row_ops.logsumexp(sub)
+    values, order = row_ops.topk(raw, width)
+    values = _scaled(values, settings)
+    full_lse = None
+    if not all(has_k):
+        without_k = [j for j, k in enumerate(has_k) if not k]
+        index = row_index(without_k, len(params), raw.device)
+        full_lse = torch.zeros(len(params), dtype=values.dtype, device=raw.device)
+        full_lse[index] = row_ops.logsumexp(_scaled(raw[index], settings[index]))
     probs, short = _nucleus(values, settings, has_k, full_lse)
     picks = _draw_in_vocab_order(probs, order, settings[:, 3])
     if short is not None and bool(short.any()):
         rows = short.nonzero()[:, 0]
-        values, order = sub[rows].sort(dim=-1, descending=True)
+        values, order = _scaled(raw[rows], settings[rows]).sort(dim=-1, descending=True)
         flags = [has_k[i] for i in rows.tolist()]
         probs, _ = _nucleus(values, settings[rows], flags, full_lse[rows] if full_lse is not None else None)
         picks[rows] = _draw_in_vocab_order(probs, order, settings[rows, 3])
