@@ -209,8 +209,8 @@ class LLMEngine:
 
         Raises EngineError(grammar_invalid) for a grammar that does not compile.
         """
-        if params.grammar is None and params.tools and params.tool_choice not in (None, "auto", "none"):
-            params.grammar = forced_tool_grammar(params.tools, params.tool_choice, params.parallel_tool_calls)
+        if params.grammar is None and params.forces_tool_call:
+            params.grammar = forced_tool_grammar(params.tools or [], params.tool_choice, params.parallel_tool_calls)
         if params.grammar is None:
             return None
         grammar = params.grammar

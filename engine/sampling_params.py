@@ -70,6 +70,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     @property
+    def forces_tool_call(self) -> bool:
+        """tool_choice "required" or a named function: the output is constrained to a tool call
+        (engine/inputs/tool_grammar.py)."""
+        return bool(self.tools) and self.tool_choice not in (None, "auto", "none")
+
+    @property
     def uses_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 

@@ -216,8 +216,7 @@ class TritonPythonModel:
                 prompt_param="messages" if messages is not None else "prompt",
             )
 
-        forced_tool = bool(params.tools) and params.tool_choice not in (None, "auto", "none")
-        return build, bool(images) or params.grammar is not None or forced_tool
+        return build, bool(images) or params.grammar is not None or params.forces_tool_call
 
     def _enqueue(self, reply: Reply, out: RequestOutput) -> None:
         self.outbox.put((reply, out))
