@@ -66,6 +66,11 @@ class SamplingParams:
         return max(self.n, self.best_of or 1)
 
     @property
+    def reads_logprobs(self) -> bool:
+        """The chosen tokens' logprobs are read: reported, or summed to rank best_of candidates."""
+        return self.logprobs or self.width > self.n
+
+    @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 

@@ -69,9 +69,16 @@ class Sampler:
         vocab, b = logits.shape[-1], len(rows)
         device = logits.device
         # the raw distribution, read before anything changes the logits: its normaliser (one reduction, no
-        # [B, V] log-softmax), the top logprobs asked for, and the raw rows that bias, penalties or a grammar
-        # will change (a stop-token ban only touches tokens that are then not chosen)
-        lse = row_ops.logsumexp(logits)
+        # [B, V] log-softmax) on the rows whose logprobs are read, the top logprobs asked for, and the raw rows
+        # that bias, penalties or a grammar will change (a stop-token ban only touches tokens that are then not
+        # chosen). A row that reads no logprob gets 0.0 for its token's.
+        scored = [i for i, r in enumerate(rows) if r.params.reads_logprobs]
+        lse = torch.zeros(b, dtype=logits.dtype, device=device)
+        if len(scored) == b:
+            lse = row_ops.logsumexp(logits)
+        elif scored:
+            index = row_index(scored, b, device)
+            lse[index] = row_ops.logsumexp(logits[index])
         want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
         k = max((rows[i].params.top_logprobs for i in want_top), default=0)
         if want_top:
@@ -97,6 +104,8 @@ class Sampler:
             index = row_index(changed, b, device)
             chosen_raw[index] = raw_changed.gather(1, tokens[index][:, None])[:, 0]
         chosen = (chosen_raw - lse).clamp(min=LOGPROB_FLOOR)
+        if len(scored) < b:
+            chosen = chosen.masked_fill(stage([not r.params.reads_logprobs for r in rows], torch.bool, device), 0.0)
         parts = [tokens.double(), chosen.double()]  # float64 holds every token id exactly
         if want_top:
             parts += [top_id_t.double().flatten(), top_values.clamp(min=LOGPROB_FLOOR).double().flatten()]

@@ -271,3 +271,18 @@ def test_a_draw_at_the_top_of_the_unit_interval_never_picks_a_masked_token(sampl
     assert V - 1 not in out.tokens
     allowed = [3, 7, 2, 5, 0] if extra else list(range(V - 1))
     assert all(t in allowed for t in out.tokens)
+
+
+def test_logprobs_are_read_where_a_row_asks_and_equal_alone_and_in_a_mixed_batch(sampler):
+    """Only rows that read their tokens' logprobs (logprobs, or best_of > n ranking by the summed logprob) are
+    normalised; their values are the raw distribution's, alone or beside rows that read none (which get 0.0)."""
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(5)) * 2
+    want = torch.log_softmax(logits, dim=-1)
+    asks = greedy(logprobs=True)
+    ranks = SamplingParams(temperature=0.0, n=1, best_of=2)
+    mixed = sampler.sample(logits.clone(), [FakeRow(greedy()), FakeRow(asks), FakeRow(greedy()), FakeRow(ranks)])
+    for i in (1, 3):
+        assert mixed.logprobs[i] == pytest.approx(want[i, mixed.tokens[i]].item(), abs=1e-5)
+        alone = sampler.sample(logits[i : i + 1].clone(), [FakeRow(asks if i == 1 else ranks)])
+        assert alone.logprobs[0] == mixed.logprobs[i]
+    assert mixed.logprobs[0] == mixed.logprobs[2] == 0.0
