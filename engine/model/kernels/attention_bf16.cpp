@@ -25,6 +25,7 @@
 #include "amx.h"
 #include "attention_bf16_products.h"
 #include "scratch.h"
+#include "shared_work.h"
 
 namespace {
 
@@ -213,7 +214,7 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   // work items alternate the cheapest and the dearest query blocks, as in causal_attention.cpp
-  at::parallel_for(0, hkv * q_blocks, 1, [&](int64_t lo, int64_t hi) {
+  shared_for(hkv * q_blocks, [&](int64_t lo, int64_t hi) {
     if (amx) load_tile_config();
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t g = w % hkv, j = w / hkv;
@@ -265,7 +266,7 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   const bool amx = has_amx();
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
-  at::parallel_for(0, b * hkv, 1, [&](int64_t lo, int64_t hi) {
+  shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
     if (amx) load_tile_config();
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);

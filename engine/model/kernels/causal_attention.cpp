@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "scratch.h"
+#include "shared_work.h"
 
 namespace {
 
@@ -116,9 +117,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
          std::max<int64_t>(1, kBlockRows / group), keys_padded, q.stride(0), k.stride(0), k.stride(1), hq * D,
          static_cast<float>(scale)};
   const int64_t blocks = (n + a.block_positions - 1) / a.block_positions;
-  // Work items alternate the cheapest and the dearest query blocks (causal: cost grows with position), so the
-  // contiguous ranges parallel_for hands each thread carry about the same work.
-  at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
+  // Work items alternate the cheapest and the dearest query blocks (causal: cost grows with position), so each
+  // chunk of them a thread takes carries about the same work.
+  shared_for(hkv * blocks, [&](int64_t lo, int64_t hi) {
     const int64_t rows = round_up(a.block_positions * group, 24);  // a multiple of every variant's RB
     float* qs = scratch<float>(Scratch::kQueries, rows * D);
     float* s = scratch<float>(Scratch::kScores, rows * keys_padded);
@@ -169,13 +170,16 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                v.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hq * D,
                static_cast<float>(scale)};
   const bool wide = has_avx512() && !avx2;
-  at::parallel_for(0, b * hkv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> qs(group * D), s(group * round_up(longest, 64)), os(group * D), tile(D * 64);
+  shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
+    float* qs = scratch<float>(Scratch::kQueries, group * D);
+    float* s = scratch<float>(Scratch::kScores, group * round_up(longest, 64));
+    float* os = scratch<float>(Scratch::kOutputs, group * D);
+    float* tile = scratch<float>(Scratch::kKeys, D * 64);  // a decode call holds no prefill's transposed keys
     for (int64_t w = lo; w < hi; ++w) {
       if (wide)
-        avx512::decode_one<4, 4>(a, w / hkv, w % hkv, qs.data(), s.data(), os.data(), tile.data());
+        avx512::decode_one<4, 4>(a, w / hkv, w % hkv, qs, s, os, tile);
       else
-        avx2::decode_one<2, 2>(a, w / hkv, w % hkv, qs.data(), s.data(), os.data(), tile.data());
+        avx2::decode_one<2, 2>(a, w / hkv, w % hkv, qs, s, os, tile);
     }
   });
   return out;

@@ -14,6 +14,8 @@
 #include <torch/library.h>
 #include <torch/types.h>
 
+#include "shared_work.h"
+
 namespace {
 
 constexpr int kTile = 16;      // output columns per packed tile
@@ -117,7 +119,7 @@ at::Tensor tiled_linear(const at::Tensor& x_in, const at::Tensor& tiles, bool av
   float* yp = y.data_ptr<float>();
   const bool wide = has_avx512() && !avx2;
   const int panel = wide ? kPanel512 : kPanel256;
-  at::parallel_for(0, N / (kTile * panel), 1, [&](int64_t first, int64_t last) {
+  shared_for(N / (kTile * panel), [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
       const float* w = wp + p * panel * K * kTile;
       float* out = yp + p * panel * kTile;

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "amx.h"
+#include "shared_work.h"
 
 namespace {
 
@@ -79,7 +80,7 @@ SIE_BF16 void panel_rows(const uint16_t* x, int64_t ldx, const uint16_t* w, int6
 
 template <typename Out>
 void run_panels(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K2, int64_t N, Out* y) {
-  at::parallel_for(0, N / (kTile * kPanel), 1, [&](int64_t first, int64_t last) {
+  shared_for(N / (kTile * kPanel), [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p)
       panel_rows<8>(x, 2 * K2, w + p * kPanel * K2 * 2 * kTile, K2, y + p * kPanel * kTile, N, M);
   });
