@@ -73,12 +73,13 @@ class Sampler:
         # that bias, penalties or a grammar will change (a stop-token ban only touches tokens that are then not
         # chosen). A row that reads no logprob gets 0.0 for its token's.
         scored = [i for i, r in enumerate(rows) if r.params.reads_logprobs]
-        lse = torch.zeros(b, dtype=logits.dtype, device=device)
         if len(scored) == b:
             lse = row_ops.logsumexp(logits)
-        elif scored:
-            index = row_index(scored, b, device)
-            lse[index] = row_ops.logsumexp(logits[index])
+        else:
+            lse = torch.zeros(b, dtype=logits.dtype, device=device)
+            if scored:
+                index = row_index(scored, b, device)
+                lse[index] = row_ops.logsumexp(logits[index])
         want_top = [i for i, r in enumerate(rows) if r.params.logprobs and r.params.top_logprobs > 0]
         k = max((rows[i].params.top_logprobs for i in want_top), default=0)
         if want_top:
