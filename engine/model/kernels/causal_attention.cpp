@@ -174,7 +174,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     float* qs = scratch<float>(Scratch::kQueries, group * D);
     float* s = scratch<float>(Scratch::kScores, group * round_up(longest, 64));
     float* os = scratch<float>(Scratch::kOutputs, group * D);
-    float* tile = scratch<float>(Scratch::kKeys, D * 64);  // a decode call holds no prefill's transposed keys
+    float* tile = scratch<float>(Scratch::kKeys, D * (64 + 16));  // a decode call holds no prefill's keys
     for (int64_t w = lo; w < hi; ++w) {
       if (wide)
         avx512::decode_one<4, 4>(a, w / hkv, w % hkv, qs, s, os, tile);

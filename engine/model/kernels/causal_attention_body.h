@@ -132,9 +132,10 @@ SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, co
 }
 
 // Decode: row b's query heads of KV head g, at position p = positions[b], against keys 0..p of slot b, after
-// writing the row's new key and value there. Each 64-key tile of K is transposed into a small buffer, so a score
+// writing the row's new key and value there. Each 64-key tile of K is transposed into a small buffer (only its
+// 16-key groups that hold keys: a short context's last tile is mostly past the end), so a score
 // is the same FMA chain as in attend_block, and so is everything after it: a token's attention output has the
-// same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64].
+// same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64] + [16, D].
 template <int KV, int CV>
 SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs, float* s, float* os, float* tile) {
   constexpr int64_t kTileKeys = 64;
@@ -148,17 +149,21 @@ SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs,
     for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * a.scale;
   }
   const int64_t keys = p + 1, lds = round_up(keys, kTileKeys);
+  float* last_rows = tile + D * kTileKeys;  // [16, D]: the 16-key group that straddles the last key
   for (int64_t key = 0; key < keys; key += kTileKeys) {
-    if (key + kTileKeys <= keys) {
-      for (int64_t i = 0; i < kTileKeys; i += 16)
-        for (int64_t d = 0; d < D; d += 16)
-          transpose16x16(kc + (key + i) * a.pos_stride + d, a.pos_stride, tile + d * kTileKeys + i, kTileKeys);
-    } else {
-      for (int64_t i = 0; i < kTileKeys; ++i) {  // the last tile: keys past the last read it again (masked later)
-        const float* row = kc + std::min(key + i, keys - 1) * a.pos_stride;
-        for (int64_t d = 0; d < D; ++d) tile[d * kTileKeys + i] = row[d];
+    const int64_t valid = std::min(kTileKeys, keys - key);
+    for (int64_t i = 0; i < valid; i += 16) {
+      const float* src = kc + (key + i) * a.pos_stride;
+      int64_t ld = a.pos_stride;
+      if (i + 16 > valid) {  // its rows past the last key repeat the last key (their scores are never read)
+        for (int64_t j = 0; j < 16; ++j)
+          std::copy_n(kc + (key + std::min(i + j, valid - 1)) * a.pos_stride, D, last_rows + j * D);
+        src = last_rows;
+        ld = D;
       }
+      for (int64_t d = 0; d < D; d += 16) transpose16x16(src + d, ld, tile + d * kTileKeys + i, kTileKeys);
     }
+    // 16-key groups wholly past the last key keep the tile's older keys: scored, and never read
     for (int64_t i = 0; i < kTileKeys; i += 16 * KV) scores_rows<KV>(qs, G, D, tile + i, kTileKeys, s + key + i, lds);
   }
   std::vector<float> denom(G);
