@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from engine.core.engine_core import EngineCore
+from engine.core.inbox import Inbox
 from engine.core.postprocess import OutputPostprocessor
 from engine.core.stats import EngineStats
 from engine.core.step_timing import StepTiming
-from engine.errors import EngineError, QueueFull, is_device_fault
+from engine.errors import EngineError, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
 from engine.model.decoder import Decoder
@@ -60,6 +61,9 @@ class EngineConfig:
     model_impl: str = "auto"  # auto | fused | transformers (engine.model.selection)
     chat_template: str | None = None  # Jinja chat template replacing the tokenizer's (a base model has none)
     stop_tokens: list[str] | None = None  # token strings that end a candidate like EOS (e.g. <end_of_turn>)
+    # an idle engine that gets a request waits for the rest of a burst before its first step (engine.core.inbox)
+    burst_window_ms: float = 20.0  # at most this long after the first arrival
+    burst_quiet_ms: float = 3.0  # the burst is over once no request has come for this long
 
 
 @contextlib.contextmanager
@@ -96,10 +100,7 @@ class LLMEngine:
             keep_freed_memory()  # a CPU forward's activations reuse mapped pages (engine.runner.host_memory)
         with _one_thread_here_then(threads):  # the forwards run on the loop thread's own OpenMP team
             self._build(config, loaded, on_gpu)
-        self._incoming: queue.SimpleQueue[EngineRequest] = queue.SimpleQueue()
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self.inbox = Inbox(config.burst_window_ms / 1e3, config.burst_quiet_ms / 1e3)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.healthy = True
@@ -221,12 +222,7 @@ class LLMEngine:
         """Queue a request; raises QueueFull at once when the bounded queue is full."""
         if not self.healthy:
             raise EngineError("MODEL_LOADING", "engine is not healthy")
-        with self._lock:
-            if self._pending + self.core.scheduler.queue_depth >= self.config.max_queue:
-                raise QueueFull()
-            self._pending += 1
-        self._incoming.put(request)
-        self._wake.set()
+        self.inbox.put(request, room=self.config.max_queue - self.core.scheduler.queue_depth)
         if not self.healthy:  # the loop died between the check above and the put: nobody will drain it
             self._fail_incoming()
 
@@ -243,7 +239,7 @@ class LLMEngine:
     @property
     def num_waiting(self) -> int:
         """Requests submitted and not yet running: in the intake queue or waiting for a slot / KV room."""
-        return self._pending + self.core.scheduler.queue_depth
+        return self.inbox.pending + self.core.scheduler.queue_depth
 
     def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                  stream: bool = True, is_cancelled: Callable[[], bool] | None = None) -> queue.Queue[RequestOutput]:
@@ -264,23 +260,12 @@ class LLMEngine:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._wake.set()
+        self.inbox.wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def _take_incoming(self) -> Iterator[EngineRequest]:
-        """The submitted requests not yet taken by the loop, each counted off the pending total."""
-        while True:
-            try:
-                request = self._incoming.get_nowait()
-            except queue.Empty:
-                return
-            with self._lock:
-                self._pending -= 1
-            yield request
-
     def _drain_incoming(self) -> None:
-        for request in self._take_incoming():
+        for request in self.inbox.take():
             try:
                 self.core.scheduler.add(request)
             except Exception as exc:  # a fault admitting one request fails that request, not the loop
@@ -294,12 +279,17 @@ class LLMEngine:
 
     def _run(self) -> None:
         try:
+            idle = True
             while not self._stopped.is_set():
                 self._drain_incoming()
                 if not self.core.scheduler.has_work():
-                    self._wake.wait(timeout=0.05)
-                    self._wake.clear()
+                    idle = True
+                    self.inbox.wait(timeout=0.05)
                     continue
+                if idle:  # the first step after idling takes the whole burst of requests that woke it
+                    idle = False
+                    self.inbox.gather_burst()
+                    self._drain_incoming()
                 self.core.step()
         except Exception:
             log.exception("engine loop crashed")
@@ -321,5 +311,5 @@ class LLMEngine:
     def _fail_incoming(self) -> None:
         """End the requests submitted but not yet taken by the (dead) loop."""
         error = EngineError("inference_error", "the engine failed; retry the request")
-        for request in self._take_incoming():
+        for request in self.inbox.take():
             request.on_output(RequestOutput(request.request_id, 0, "", "error", final=True, error=error))

@@ -96,6 +96,7 @@ class TritonPythonModel:
                 max_slots=int(p.get("max_slots", "64")),
                 max_len=int(p.get("context_length", "2048")),
                 prefill_budget=int(p.get("prefill_budget", "1024")),
+                burst_window_ms=float(p.get("burst_window_ms", "20")),
                 max_queue=int(p.get("max_queue", "256")),
                 kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
                 prefix_cache_tokens=int(p.get("prefix_cache_tokens", "8192")),
