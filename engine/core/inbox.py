@@ -57,7 +57,7 @@ class Inbox:
             yield request
 
     def wait(self, timeout: float) -> None:
-        """Sleep until a request arrives (or `stop` is called), at most `timeout` seconds."""
+        """Sleep until a request arrives (or `wake` is called), at most `timeout` seconds."""
         self._arrived.wait(timeout)
         self._arrived.clear()
 
