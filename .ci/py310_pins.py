@@ -21,7 +21,7 @@ ENV = {"python_version": "3.10", "python_full_version": "3.10.13", "sys_platform
        "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
        "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
 NEEDS_TORCH = {"torch", "accelerate", "peft", "xgrammar"}  # torch (a CUDA build of GBs for cp310) or its dependents
-TEST_PINS = {"pytest", "pytest-asyncio"}
+TEST_PINS = {"pytest", "pytest-asyncio", "pytest-timeout"}  # what pyproject's pytest options name
 # The NGC tritonserver 24.10 image is Ubuntu 22.04 (glibc 2.35): every manylinux tag up to 2_35 installs there.
 PLATFORMS = ["manylinux2014_x86_64"] + [f"manylinux_2_{v}_x86_64" for v in (17, 24, 27, 28, 31, 34, 35)]
 
