@@ -99,7 +99,14 @@ async def test_a_stream_still_open_at_the_deadline_ends_in_band_with_done(draine
         assert any(c["delta"].get("content") for e in events[:-2] for c in e["choices"])  # it had streamed
     else:
         assert events[-2]["done"] is True and events[-2]["finish_reason"] == "error"
-    assert 0.25 < elapsed < 1.0  # at the deadline, not when the generation would have ended
+    # ended at the deadline (0.3 s after the drain began), not when the scripted generation would have: fewer
+    # than its 100 tokens went out. A token count, not a clock bound, so a slow box cannot fail it.
+    assert elapsed > 0.25
+    if route == "chat":
+        streamed = sum(1 for e in events[:-2] for c in e["choices"] if c["delta"].get("content"))
+    else:
+        streamed = sum(1 for e in events[:-2] if e.get("text_delta"))
+    assert 0 < streamed < 100
     assert fake.calls[0].cancelled  # the Triton request is cancelled, not left generating
     assert metric_value(render_metrics()[0].decode(), "sie_gateway_errors_total", code="server_shutting_down",
                         status="200") == counted + 1  # errors by code, for the dashboard

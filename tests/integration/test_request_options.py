@@ -1,5 +1,5 @@
-"""Per-request native options (timeouts, stop tokens), blocking progress, capacity codes, check order
-(issue 11, "Contract")."""
+"""Per-request native options (timeouts, stop tokens), blocking progress, capacity codes, and the order in which
+the native route checks a request (docs/contract.md, "Native generate")."""
 
 from __future__ import annotations
 
@@ -15,20 +15,18 @@ LONG = [ev("", completion=1)] + [Delay(0.05)] * 400 + tokens("late")  # a blocki
 
 async def test_overall_timeout_option_cuts_a_long_blocking_generation(gw):
     gw.fake().script = LONG
-    started = time.monotonic()
     resp = await gw.generate(options={"overall_timeout_s": 0.5})
+    # a 504 at all is the option at work: the scripted generation (~20 s) ends well inside the 600 s default
     assert_error(resp, 504, "overall_timeout", None, "server_error")
-    assert time.monotonic() - started < 1.0
     assert gw.calls[0].cancelled
 
 
 async def test_timeout_options_are_capped_by_the_operator_maximum(make_gateway):
     gw = await make_gateway(max_timeout_s=0.3)
     gw.fake().script = LONG
-    started = time.monotonic()
     resp = await gw.generate(options={"overall_timeout_s": 1000})
+    # uncapped, the 1000 s asked for would let the ~20 s scripted generation finish with a 200
     assert_error(resp, 504, "overall_timeout", None)
-    assert time.monotonic() - started < 1.0
 
 
 async def test_first_chunk_timeout_option_replaces_the_default(gw):
@@ -36,7 +34,8 @@ async def test_first_chunk_timeout_option_replaces_the_default(gw):
     started = time.monotonic()
     resp = await gw.generate(options={"first_chunk_timeout_s": 0.2})
     assert_error(resp, 504, "first_chunk_timeout", None)
-    assert time.monotonic() - started < 1.0
+    # without the option the default (120 s) would answer the same 504: half of it is a margin no box misses
+    assert time.monotonic() - started < 60
 
 
 async def test_inter_chunk_timeout_option_applies_to_streams(make_gateway):

@@ -246,12 +246,11 @@ async def _trickle(body: bytes, pause_s: float, stall_after: int | None = None):
 async def test_a_stalled_body_is_a_408_and_a_moving_one_is_read(make_gateway, path, body):
     gw = await make_gateway(body_read_timeout_s=0.3)
     gw.fake().script = lambda req: tokens("a", "b")
-    started = time.monotonic()
     resp = await gw.client.post(path, content=_trickle(body.encode(), 0.0, stall_after=2),
                                 headers={"content-type": "application/json"})
     err = assert_error(resp, 408, "request_timeout", None, "invalid_request_error")
+    # the body stalls for good, so only the read timeout can end the request
     assert err["message"] == "request body stalled: no data for 0.3 s"
-    assert time.monotonic() - started < 3
     assert gw.fake().calls == []  # nothing reached the model
     # slower in total than the timeout, but each piece arrives within it
     started = time.monotonic()

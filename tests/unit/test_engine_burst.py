@@ -14,50 +14,64 @@ from engine.sampling_params import SamplingParams
 from tests.unit.conftest import MODEL_DIR, _require_model
 
 
-def _arrive_every(inbox: Inbox, gap_s: float, count: int) -> threading.Thread:
+def _arrive_every(inbox: Inbox, gap_s: float, count: int, stop: threading.Event | None = None) -> threading.Thread:
     def run() -> None:
         for i in range(count):
-            time.sleep(gap_s)
-            inbox.put(f"r{i}", room=64)  # the inbox only moves requests; it never looks inside them
+            if stop is not None and stop.wait(gap_s):
+                return
+            if stop is None:
+                time.sleep(gap_s)
+            inbox.put(f"r{i}", room=count + 1)  # the inbox only moves requests; it never looks inside them
 
     thread = threading.Thread(target=run)
     thread.start()
     return thread
 
 
+# These time real waits, so each bound is set against the scripted length of the wrong behaviour, with room for
+# a stalled 2-core box: a lower bound where the wait must happen, an upper bound at a fraction of the wait that
+# a broken inbox would make.
+
+
 def test_a_lone_request_waits_only_the_quiet_time_not_the_window():
-    inbox = Inbox(window_s=5.0, quiet_s=0.05)
+    inbox = Inbox(window_s=60.0, quiet_s=0.05)
     inbox.put("alone", room=1)
     t0 = time.monotonic()
     inbox.gather_burst()
-    assert time.monotonic() - t0 < 2.0  # quiet after 0.05 s; the 5 s window would fail this
+    assert time.monotonic() - t0 < 30.0  # quiet after 0.05 s; waiting out the 60 s window would fail this
     assert list(inbox.take()) == ["alone"]
 
 
 def test_a_burst_is_gathered_until_it_goes_quiet():
-    inbox = Inbox(window_s=5.0, quiet_s=0.5)
-    inbox.put("first", room=1)
-    arrivals = _arrive_every(inbox, 0.02, 5)  # well inside the quiet time of each other
+    inbox = Inbox(window_s=60.0, quiet_s=1.0)
+    inbox.put("first", room=6)
+    arrivals = _arrive_every(inbox, 0.02, 5)  # far inside the quiet time of each other
     inbox.gather_burst()
     arrivals.join()
     assert list(inbox.take()) == ["first", "r0", "r1", "r2", "r3", "r4"]
 
 
 def test_a_steady_trickle_is_cut_off_by_the_window():
-    inbox = Inbox(window_s=0.3, quiet_s=1.0)
-    arrivals = _arrive_every(inbox, 0.02, 40)  # 0.8 s of arrivals, never quiet for 1 s
+    # never quiet for 30 s: without the window the wait would last until the trickle ended, 3 s plus 30 s
+    inbox = Inbox(window_s=0.3, quiet_s=30.0)
+    stop = threading.Event()
+    arrivals = _arrive_every(inbox, 0.05, 60, stop)
     t0 = time.monotonic()
     inbox.gather_burst()
     waited = time.monotonic() - t0
+    stop.set()
     arrivals.join()
-    assert 0.25 < waited < 0.75
+    assert 0.25 < waited < 15.0
+    taken = list(inbox.take())
+    assert 0 < len(taken) < 60  # the step starts with what came, not with the whole trickle
 
 
 def test_no_window_means_no_wait():
-    inbox = Inbox()
-    t0 = time.monotonic()
-    inbox.gather_burst()
-    assert time.monotonic() - t0 < 0.1
+    inbox = Inbox()  # nothing ever arrives: an inbox that waited for a burst would never return
+    done = threading.Thread(target=inbox.gather_burst, daemon=True)
+    done.start()
+    done.join(timeout=30)
+    assert not done.is_alive()
 
 
 def test_a_full_inbox_refuses_at_once():
@@ -72,12 +86,13 @@ def test_a_full_inbox_refuses_at_once():
 
 def test_the_first_step_after_idling_takes_the_whole_burst():
     """The second request comes 30 ms after the first, long after the loop woke for the first. Before the
-    inbox gathered bursts, the first step prefilled the first request alone."""
+    inbox gathered bursts, the first step prefilled the first request alone. The quiet time (2 s) is far longer
+    than that gap, so a box that stalls the test thread for a second still delivers both to the first step."""
     _require_model()
     from engine.llm_engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=4, max_len=64, threads=2,
-                                    burst_window_ms=2000, burst_quiet_ms=400))
+                                    burst_window_ms=20_000, burst_quiet_ms=2_000))
     first_step_saw: list[int] = []
     step = engine.core.step
 

@@ -145,7 +145,7 @@ def test_headers_trickled_past_the_header_timeout_get_a_408_and_a_close():
         answer = _read_until_closed(sock, within_s=5)
         assert answer.startswith(b"HTTP/1.1 408 "), answer
         assert b"connection: close" in answer.lower()
-        assert 0.4 < time.monotonic() - started < 3
+        assert time.monotonic() - started > 0.4  # the header timeout's 408, not the keep-alive's silent close
 
 
 def test_the_header_timeout_bounds_only_the_headers():
