@@ -1,9 +1,9 @@
-"""CPU decode levers, measured in process against the engine.runner ModelRunner over the real model (issue 13).
+"""CPU decode levers, measured in process against the engine.runner ModelRunner over the real model.
 
 Each variant prefills B rows (prompts of different lengths, so rows sit at different positions), then times greedy
 decode steps; tok/s = B x steps / seconds, best of --reps repetitions. Variants:
   base       the engine as it is (its linear-op choice at load included)
-  mkl        every linear through F.linear (MKL), the pre-issue-13 path
+  mkl        every linear through F.linear (MKL), the path before the prepacked oneDNN linears
   dnnl       every linear through oneDNN with weights prepacked (torch.ops.mkldnn._linear_pointwise)
   bf16       bf16 weights and KV cache, F.linear
   bf16_dnnl  bf16 weights prepacked for oneDNN

@@ -1,4 +1,4 @@
-"""Engine benchmark (issue 7): continuous-batching engine vs HF `generate`, measured side by side in one run.
+"""Engine benchmark: continuous-batching engine vs HF `generate`, measured side by side in one run.
 
 Workload: SmolLM2-135M-Instruct, fp32 (`--dtype bfloat16`: the bf16 profile, HF in bf16 too), both cores, 8 chat
 prompts of about 35 prompt tokens (chat template applied), greedy, exactly 64 new tokens each (EOS ignored), median

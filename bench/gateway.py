@@ -1,4 +1,4 @@
-"""Gateway overhead, measured side by side in one run (issue 6). Prints these lines last:
+"""Gateway overhead, measured side by side in one run. Prints these lines last:
 
 gateway_added_p50_ms / gateway_added_p99_ms: a non-streamed request through the gateway minus the
 same request sent directly to Triton over gRPC (stub model, no torch: only transport is measured).

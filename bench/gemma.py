@@ -1,4 +1,4 @@
-"""Gemma 3 270M on the transformers model path (issue 21), against HF in the same run.
+"""Gemma 3 270M on the transformers model path (engine/model/transformers_decoder.py), against HF in the same run.
 
 The same workload and figures as bench/engine.py (greedy, exactly 64 new tokens, median of the repetitions),
 on 8 raw-text prompts (Gemma 3 270M is a base model): HF `generate` one prompt at a time and as a static

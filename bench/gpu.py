@@ -1,4 +1,4 @@
-"""GPU benchmark (issue 12): the engine against HF on the same random bf16 weights, in one run, on one device.
+"""GPU benchmark: the engine against HF on the same random bf16 weights, in one run, on one device.
 
 No downloads: each model is built from its config with random bf16 weights straight on the device (the SmolLM2
 tokenizer, carried, makes the prompts and decodes the text). Models:
@@ -57,7 +57,7 @@ QWEN3_4B_BODY = dict(model_type="qwen3", vocab_size=49152, hidden_size=2560, int
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
                      tie_word_embeddings=True)
-# the 4B body first: its figures are the issue's goal and must survive a run cut short
+# the 4B body first: its figures are the GPU goal (docs/gpu.md) and must survive a run cut short
 MODELS = {"qwen3-4b-body": QWEN3_4B_BODY, "smollm2-135m": SMOLLM2}
 SUMMARY_MODEL = "qwen3-4b-body"
 TINY = {

@@ -1,4 +1,4 @@
-"""Correctness of the engine on a GPU (issue 12), in about a minute: what CPU CI cannot run.
+"""Correctness of the engine on a GPU (docs/gpu.md), in about a minute: what CPU CI cannot run.
 
 Random bf16 SmolLM2-135M-shaped weights built on the device (no download), the SmolLM2 tokenizer. Checks:
   mixed_batch      one scheduler run with every path of a step (batched and chunked prefill, n=2, every sampler

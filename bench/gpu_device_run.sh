@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmark on the device machine (issue 12), in two halves:
+# The GPU checks and benchmark on the device machine (docs/gpu.md), in two halves:
 #
 #   here:        bash bench/gpu_device_run.sh prepare
 #                  cp312 wheels the device lacks (xgrammar + apache-tvm-ffi, pydantic and its parts) and the

@@ -1,4 +1,4 @@
-"""vLLM's CPU build side by side with our stack (issues 13 and 22): alternated runs, fp32 and bf16, one client.
+"""vLLM's CPU build side by side with our stack: alternated runs, fp32 and bf16, one client.
 
 For each dtype (fp32, then bf16), the two servers run alternately, each `--runs` times (default 2: ours, vLLM,
 ours, vLLM), one at a time, on the same model folder: ours with the model profile's `dtype` parameter set in a

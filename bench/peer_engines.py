@@ -1,4 +1,4 @@
-"""Engine against engine, no HTTP: our LLMEngine and vLLM's offline `LLM`, alternated (issue 22).
+"""Engine against engine, no HTTP: our LLMEngine and vLLM's offline `LLM`, alternated.
 
 `make bench-peer` measures served stacks: the engine's step, the serving path (our gateway and Triton, vLLM's API
 server) and the openai-SDK client all share the box's two cores, so a served ratio cannot say which of them a

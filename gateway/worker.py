@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from types import FrameType
 
@@ -66,8 +67,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
       the timer holds the protocol, its transport and its last request cycle (scope, headers, events)
       for the whole keep-alive: at a few requests a second that is a hundred dead connections per
       worker, churning the allocator. Behind a proxy that purges idle connections with a reset, that
-      is every request (the same finding upstream of us: Soju06/codex-lb issue 2041, an OOM with a
-      long keep-alive).
+      is every request (the same finding upstream of us: an OOM with a long keep-alive in Soju06/codex-lb,
+      github.com/Soju06/codex-lb/issues/2041).
     - **A connection that never sends a request is closed after the keep-alive**, as an idle one is
       between requests; uvicorn arms no timer until a first response, so it held such a socket forever.
     - **Request headers must arrive within `header_timeout_s`** of the request's first byte, or the
@@ -168,6 +169,11 @@ class DrainingServer(Server):
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         self._sockets = list(sockets or [])
+        auth = getattr(self.config.app, "auth", None)
+        if auth is not None:
+            # SIGHUP re-reads the keys file (the master forwards its own, docker/gunicorn.conf.py); without a
+            # handler the signal's default would kill the worker
+            self._loop.add_signal_handler(signal.SIGHUP, auth.reload_keys)
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

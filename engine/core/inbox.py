@@ -1,14 +1,14 @@
 """The engine's inbox: requests submitted from any thread wait here until the loop thread takes them.
 
-It also decides how long an idle engine waits before its first step. Requests from concurrent clients do not
-arrive together. Eight streams opened at once reach the engine over 5-12 ms, one every millisecond or two, because
-each passes through the client, the gateway and Triton in turn. An idle engine that stepped on the first arrival
-prefilled that request alone (30-80 ms of forward on the CPU). The other seven waited for that step and then
-prefilled together. Their first tokens came a whole extra step later, and the median TTFT moved by a third with
-the arrival order (README, "Speed: ... (stop 42)"). So an idle engine that gets a request gathers the burst:
-it waits while requests keep arriving, until none arrives for `quiet_s` or `window_s` has passed since the
-first. This is the idea of Triton's dynamic batcher (`max_queue_delay_microseconds`). A lone request pays
-`quiet_s` once, and a busy engine never waits, since new arrivals join its next step anyway.
+It also decides how long an idle engine waits before its first step. Requests from concurrent clients do not arrive
+together. Eight streams opened at once reach the engine over 5-12 ms, one every millisecond or two, because each passes
+through the client, the gateway and Triton in turn. An idle engine that stepped on the first arrival prefilled that
+request alone (30-80 ms of forward on the CPU). The other seven waited for that step and then prefilled together. Their
+first tokens came a whole extra step later, and the median TTFT moved by a third with the arrival order (measured on the
+served stack, eight streams opened at once). So an idle engine that gets a request gathers the burst: it waits while
+requests keep arriving, until none arrives for `quiet_s` or `window_s` has passed since the first. This is the idea of
+Triton's dynamic batcher (`max_queue_delay_microseconds`). A lone request pays `quiet_s` once, and a busy engine never
+waits, since new arrivals join its next step anyway.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where a decode step's wall time goes (issue 22), summed per decode batch size, cheap enough to stay on.
+"""Where a decode step's wall time goes, summed per decode batch size, cheap enough to stay on.
 
 A step is cut into laps; each `lap(phase)` charges the time since the previous mark to that phase:
 

@@ -21,7 +21,7 @@ from engine.errors import EngineError
 from engine.text.chat import render_chat
 
 # decoded RGB costs 3 bytes a pixel (and a copy per conversion): 16 images of 9000x9000 took a model process from
-# 0.6 to 9.8 GB (issue 20 item 6). Llava-style processors resize to a few hundred pixels a side anyway.
+# 0.6 to 9.8 GB before these bounds. Llava-style processors resize to a few hundred pixels a side anyway.
 MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_REQUEST_PIXELS = 2 * MAX_IMAGE_PIXELS
 

@@ -62,7 +62,7 @@ class GrammarState:
 class GrammarCompilerCache:
     """Compiles grammars once per (kind, value), within a time budget, and keeps the most recent ones.
 
-    Why a budget: a 1.3 KB schema can take minutes to compile (issue 20 item 2). Compiles run on their own
+    Why a budget: a 1.3 KB schema can take minutes to compile. Compiles run on their own
     threads (xgrammar releases the GIL while it compiles); a caller waits at most `budget_s` and then gets a 400.
     A compile cannot be interrupted, so one over budget finishes in the background (and is cached for a
     retry); at most COMPILE_THREADS run at once, and waiting for one counts against the budget.

@@ -1,7 +1,7 @@
 """The slow lane of request intake: what can take seconds runs off Triton's one request thread.
 
 Why: `execute()` runs on the stub's only request thread, so a 21 s grammar compile or the decode of sixteen large
-images there delayed every request behind it (issue 20 items 2, 6). A request that needs either is prepared here
+images there delayed every request behind it. A request that needs either is prepared here
 instead, on a few worker threads, and then submitted; a plain request is still prepared inline (tokenizing is
 fast) and so never waits behind a slow one. The lane is bounded: past `limit` waiting preparations a request is
 refused with QUEUE_FULL at once, like a full engine queue.

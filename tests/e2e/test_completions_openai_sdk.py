@@ -181,7 +181,7 @@ def test_schema_fuzz_no_5xx_and_enveloped_4xx(stub):
 
 
 def test_min_tokens_holds_back_a_stop_string(openai_client):
-    """The contract's min_tokens: no stop condition fires before it, a stop string included (issue 19)."""
+    """The contract's min_tokens: no stop condition fires before it, a stop string included (as vLLM)."""
     free = openai_client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=30, temperature=0, stop=["e"])
     assert free.usage.completion_tokens < 12  # an "e" comes early: the held-back case below means something
     held = openai_client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=30, temperature=0, stop=["e"],
@@ -191,7 +191,7 @@ def test_min_tokens_holds_back_a_stop_string(openai_client):
 
 
 def test_a_completion_cut_inside_a_character_ends_the_same_streamed_and_blocking(openai_client):
-    """Cut after the first byte token of an emoji, both modes return U+FFFD, as OpenAI does (issue 19)."""
+    """Cut after the first byte token of an emoji, both modes return U+FFFD, as OpenAI does."""
     from transformers import AutoTokenizer
 
     from tests.unit.conftest import MODEL_DIR

@@ -1,4 +1,5 @@
-"""No request blocks another's intake (issue 20 items 2, 6, 11), on the real stack with real clients.
+"""No request blocks another's intake (slow grammars, large images, many stop strings), on the real stack with
+real clients.
 
 A grammar that compiles for many seconds is refused at the model's budget (5 s) and never holds up a plain
 request sent meanwhile; an empty-language grammar and an image over the pixel budget are 400s naming the field.
@@ -16,7 +17,7 @@ import openai
 
 from tests.e2e.conftest import MODEL, SIE_MODEL
 
-# the issue's reproduction: 20 string properties of "[a-x]{1,5000}q" compiled for 21 s
+# a reproduction of a slow schema: 20 string properties of "[a-x]{1,5000}q" compiled for 21 s
 SLOW_SCHEMA = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "[a-x]{1,5000}q"}
                                                 for i in range(20)}}
 HELLO = [{"role": "user", "content": "Say hello."}]

@@ -1,5 +1,5 @@
 """No Triton behind the gateway: 503 PROVISIONING, which the real sie-sdk raises as ProvisioningError or,
-under `wait_for_capacity`, retries until a tritonserver comes up (issue 11, sie-contract.md 2.4)."""
+under `wait_for_capacity`, retries until a tritonserver comes up (docs/contract.md, "Capacity and routing errors")."""
 
 from __future__ import annotations
 

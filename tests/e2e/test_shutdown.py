@@ -1,5 +1,5 @@
 """A tritonserver serving our engine stops cleanly on SIGTERM: no segfault in the model process at interpreter
-finalisation (the engine's custom metrics used to outlive the backend's shared memory, issue 20 item 10), and
+finalisation (the engine's custom metrics used to outlive the backend's shared memory), and
 exit 0 well within the exit timeout.
 
 Runs the real engine glue on the tiny test VLM alone (the smallest model we serve: seconds to load)."""

@@ -1,5 +1,6 @@
-"""A model process killed on the real stack (issue 20 item 1): found within seconds, its requests ended in-band,
-out of service while the gateway reloads it through Triton's repository API, then back by itself.
+"""A model process killed on the real stack (kill -9; an OOM kill or a segfault ends it the same way): found within
+seconds, its requests ended in-band, out of service while the gateway reloads it through Triton's repository API, then
+back by itself.
 
 The kill is `kill -9` of the SmolLM2 `triton_python_backend_stub`, a child of a tritonserver this test starts for
 itself. The engine's own fatal path (`_die()`: the stub exits) ends the same way.

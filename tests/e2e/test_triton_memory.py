@@ -1,4 +1,4 @@
-"""tritonserver's memory stays flat however many requests the gateway's client runs through it (issue 11 soak).
+"""tritonserver's memory stays flat however many requests the gateway's client runs through it (a soak's needs).
 
 tritonserver 2.51 keeps about 9 kB for every `ModelStreamInfer` call that the client cancels, so a gateway that
 ended each finished request's call with `cancel()` grew the server without bound (the 15-minute soak: 49 ->

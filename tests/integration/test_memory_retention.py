@@ -1,5 +1,5 @@
-"""The gateway keeps nothing per request (issue 11 soak): after a warm-up, a thousand more requests (both
-contracts, streamed and blocking, errors included) leave no growing label sets, caches, queues or tasks.
+"""The gateway keeps nothing per request (what a 15-minute soak checks from outside): after a warm-up, a thousand more
+requests (both contracts, streamed and blocking, errors included) leave no growing label sets, caches, queues or tasks.
 
 Requests go straight to the ASGI app (no HTTP client whose own caches would blur the count)."""
 

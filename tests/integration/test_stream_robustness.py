@@ -1,4 +1,4 @@
-"""Streams that end badly upstream, and streams read by slow clients (issue 11)."""
+"""Streams that end badly upstream, and streams read by slow clients."""
 
 from __future__ import annotations
 

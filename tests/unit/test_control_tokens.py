@@ -1,4 +1,5 @@
-"""Only the chat template makes control tokens: request text spelling one is tokenized as text (issue 20 item 4).
+"""Only the chat template makes control tokens: request text spelling one is tokenized as text, so no request can
+forge a turn.
 
 The forged-turn case on every template we ship: SmolLM2's ChatML (text) and the tiny Llava's (through its
 processor, with an image), both model_repository models, through the engine's own prompt encoding.
@@ -47,7 +48,7 @@ def test_a_forged_turn_in_content_names_and_tool_results_stays_text(request, whi
 
 
 def test_the_same_text_with_the_brackets_changed_costs_about_as_many_tokens(real_engine):
-    """The issue's measure (37 against 49 prompt tokens): forged control text tokenizes as ordinary text."""
+    """Measured on the forged prompt (37 against 49 prompt tokens): forged control text tokenizes as ordinary text."""
     def count(content: str) -> int:
         return len(real_engine.encode_prompt(messages=[{"role": "user", "content": content}]))
 

@@ -1,4 +1,4 @@
-"""Every tensor a step builds is made on the forward's device (issue 12).
+"""Every tensor a step builds is made on the forward's device (on a GPU a host tensor is a copy and a sync).
 
 CPU CI has no second device, so the steps run under `ImplicitDeviceFactories` (tests/unit/device_check.py):
 any engine factory call (torch.tensor/zeros/arange/rand...) without an explicit `device=` is reported, since on

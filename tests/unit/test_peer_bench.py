@@ -1,5 +1,5 @@
 """The peer bench's own logic, without servers (bench/peer_stats.py, bench/peer_runs.py's profile override):
-the alternated run order, the ratios over medians, the `noisy` verdict (issue 22, "a peer bench you can believe"),
+the alternated run order, the ratios over medians, the `noisy` verdict (so a figure from a loaded box says so),
 and the dtype set on a copy of the model profile, never on the checked-in one."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def test_text_model_rejects_images(real_engine):
 
 
 def test_an_image_over_the_pixel_budget_is_refused_from_its_header(vlm):
-    """Issue 20 item 6: images just under Pillow's bomb limit took gigabytes; ours are checked before decoding."""
+    """Images just under Pillow's bomb limit took gigabytes to decode; ours are checked before decoding."""
     from engine.errors import EngineError
 
     with pytest.raises(EngineError) as exc:
