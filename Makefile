@@ -72,7 +72,7 @@ bench: model  ## engine and gateway benchmarks (ratios measured side by side)
 	$(BENCH_PRELOAD) $(PY) -m bench.gemma
 	$(PY) -m bench.gateway
 
-# vLLM's CPU build side by side (issues 13, 22): its own venv under .cache/vllm-peer (never a project dependency);
+# vLLM's CPU build side by side: its own venv under .cache/vllm-peer (never a project dependency);
 # about 25 minutes, not run by CI. Alternated runs (ours, vLLM, ours, vLLM) in fp32 and bf16, one server at a time:
 # needs a quiet box. PEER_ARGS passes options (e.g. --dtypes float32 --runs 3).
 PEER_ARGS ?=
@@ -84,7 +84,7 @@ bench-peer-engines: model  ## the two engines in-process, no HTTP: where a serve
 	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
 	$(PY) -m bench.peer_engines $(PEER_ENGINE_ARGS)
 
-# Issue 12: the engine against HF on a GPU (random bf16 weights from configs; under 6 minutes on an H200).
+# The engine against HF on a GPU (random bf16 weights from configs; under 6 minutes on an H200).
 # BENCH_GPU_ARGS=--tiny dry-runs it on the CPU with tiny configs. For the device machine, `make gpu-carry`
 # prepares .cache/gpu-carry (cp312 wheels + tokenizer); there: bash bench/gpu_device_run.sh device all.
 BENCH_GPU_ARGS ?=

@@ -36,8 +36,8 @@ from engine.text.chat import render_chat
 log = logging.getLogger(__name__)
 
 # On a GPU the host only launches kernels and handles small per-step lists. A full intra-op pool there is the
-# suspect for launches ~5x slower inside the engine (issue 12: its workers spin after host-side tensor work and
-# compete with the launching thread); vLLM sets OMP_NUM_THREADS=1 by default against the same contention.
+# suspect for launches ~5x slower inside the engine (its workers spin after host-side tensor work and compete
+# with the launching thread); vLLM sets OMP_NUM_THREADS=1 by default against the same contention.
 # To confirm on the device: bench/gpu.py's levers line (an eager step after host work with every thread).
 CUDA_HOST_THREADS = 1
 
@@ -47,7 +47,7 @@ class EngineConfig:
     model_path: str
     max_slots: int = 64
     max_len: int = 2048
-    prefill_budget: int = 1024  # prompt tokens a step prefills (README, "Speed: ... (stop 36)")
+    prefill_budget: int = 1024  # prompt tokens a step prefills (2048 measured no faster on the 2-core CPU)
     max_queue: int = 256
     device: str = "cpu"
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU

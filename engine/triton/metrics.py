@@ -69,7 +69,7 @@ class EngineMetrics:
             for timing, (buckets, doc) in HISTOGRAMS.items()
         }
         # where a pure decode step's time goes (engine/core/step_timing.py): seconds by phase, and the steps, so a
-        # dashboard divides the two for the step budget (issue 22) on the served engine
+        # dashboard divides the two for the step budget (ms a step by phase) on the served engine
         self._step_seconds = {phase: self._metric(self._kinds.COUNTER, "sie_engine_decode_step_seconds_total",
                                                   "Seconds of pure decode steps, by phase", phase=phase)
                               for phase in engine.step_timing.totals() if phase != "steps"}

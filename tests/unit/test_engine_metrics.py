@@ -231,7 +231,7 @@ def test_a_flood_of_timings_is_sampled_not_queued(exported):
 
 
 def test_stop_releases_every_metric_then_every_family(exported):
-    """The stub crashed when a family was left to the interpreter's final GC (issue 20 item 10): `stop()` (the
+    """The stub crashed when a family was left to the interpreter's final GC (a segfault at shutdown): `stop()` (the
     model's finalize) must release them all, metrics before their families, with the model object still alive."""
     backend, engine, metrics = exported
     metrics.update()

@@ -193,10 +193,10 @@ def test_queue_full_fails_fast(real_engine, prompts):
         eng.config.max_queue = 2
         submit("w0", prompts[1], greedy(4))
         submit("w1", prompts[1], greedy(4))
-        t0 = time.perf_counter()
+        # refused at once: the wide request still holds every slot (all three end `cancelled` below, none
+        # finished), so a submit that waited for room instead would still be waiting
         with pytest.raises(QueueFull) as info:
             submit("over", prompts[1], greedy(4))
-        assert time.perf_counter() - t0 < 0.05
         assert info.value.code == "QUEUE_FULL"
     finally:
         eng.config.max_queue = saved
@@ -290,7 +290,8 @@ def _zero_from(cache, slot: int, position: int) -> bool:
 def test_retired_slots_give_their_memory_back(real_engine, make_scheduler, prompts):
     """A freed slot reads zeros again past what its new sequence holds (its pages zeroed in place within the KV
     budget, engine/model/kv_cache.py), so no sequence ever sees another's K/V and resident KV memory never
-    ratchets past the budget over hours (issue 11 soak)."""
+    ratchets past the budget over hours (a 15-minute soak once showed the host KV cache growing toward
+    slots x context)."""
     longest = real_engine.encode_prompt(messages=[{"role": "user", "content": "Describe the sea. " * 20}])
     shortest = min(prompts, key=len)
     ref = Run(make_scheduler())
