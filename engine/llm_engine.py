@@ -300,10 +300,7 @@ class LLMEngine:
 
     def _fail_everything(self) -> None:
         error = EngineError("inference_error", "the engine failed; retry the request")
-        groups = list(self.core.scheduler.waiting) + [s.group for s in self.core.scheduler.slots.decoding]
-        if self.core.scheduler.slots.prefilling is not None:
-            groups.append(self.core.scheduler.slots.prefilling)
-        for group in {id(g): g for g in groups}.values():
+        for group in self.core.scheduler.groups_in_flight():
             if not group.sent_final:
                 group.end_early("error", error)
         self._fail_incoming()

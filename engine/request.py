@@ -48,3 +48,6 @@ class EngineRequest:
     arrival: float = field(default_factory=time.monotonic)
     grammar: Callable[[], Any] | None = None  # makes the per-sequence grammar state
     prompt_param: str = "messages"  # the request field a prompt-size error names ("prompt" on native generate)
+    # the tenant's scope in the prefix cache (the `cache_salt` Triton input): its blocks are found only by requests
+    # with the same salt. Kept out of the repr, so it never reaches a log line.
+    cache_salt: str | None = field(default=None, repr=False)

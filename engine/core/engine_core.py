@@ -49,7 +49,8 @@ class EngineCore:
     def step(self) -> None:
         self.timing.start()
         self.scheduler.reap_cancelled()
-        self._prefill()
+        self._prefill(self._recompute(self.scheduler.prefill_budget))
+        self.scheduler.make_room()
         self.timing.lap("schedule")
         decoding = len(self.scheduler.slots.decoding)
         if decoding:
@@ -60,9 +61,37 @@ class EngineCore:
 
     # -- prefill -------------------------------------------------------------------------------
 
-    def _prefill(self) -> None:
+    def _recompute(self, budget: int) -> int:
+        """Bring preempted candidates back, oldest first: their prompt and streamed tokens prefilled again within
+        the step's prefill budget (a candidate joins the decode rows once all its K/V is back; nothing is sampled).
+        Returns the budget left for new prompts."""
         sched = self.scheduler
-        budget = sched.prefill_budget
+        while budget > 0 and (job := sched.start_recompute()) is not None:
+            self.timing.prefilled()
+            seq = job.seq
+            end = min(job.prefilled + budget, len(job.tokens))
+            embeds = seq.group.request.prompt_embeds  # image requests: the prompt's positions take its embeddings
+            if embeds is not None:
+                if job.prefilled < len(seq.prompt_ids):
+                    end = min(end, len(seq.prompt_ids))
+                    embeds = embeds[job.prefilled : end]
+                else:
+                    embeds = None
+            try:
+                self.runner.prefill_part(seq.slot, job.tokens[job.prefilled : end], job.prefilled,
+                                         adapter=seq.params.lora_adapter, embeds=embeds)
+            except Exception as exc:  # as a prefill: the request fails, the engine goes on
+                log.exception("recomputing a preempted candidate failed for %s", seq.group.request.request_id)
+                sched.abort(seq.group, "error", request_error(exc, "prefill"))
+                continue
+            budget -= end - job.prefilled
+            job.prefilled = seq.kv_len = end
+            if end == len(job.tokens):
+                sched.slots.resume(job)
+        return budget
+
+    def _prefill(self, budget: int) -> None:
+        sched = self.scheduler
         if sched.slots.prefilling is None:
             batch = sched.take_short_prompts(budget)
             if len(batch) > 1:
@@ -239,8 +268,7 @@ class EngineCore:
                 sched.cache_finished(seq)
                 sched.retire(seq)
                 try:
-                    if self.outputs.close_finished(seq.group):
-                        sched.slots.release(seq.group)
+                    self.outputs.close_finished(seq.group)
                 except Exception as exc:
                     log.exception("closing failed for %s", seq.group.request.request_id)
                     failures[id(seq.group)] = (seq.group, request_error(exc, "output handling"))

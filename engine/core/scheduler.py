@@ -1,9 +1,16 @@
 """Admission and the step's prefill plan: which waiting requests run, in which KV slots, and their ending.
 
-It admits requests (validation, KV reservation), hands the engine core the whole short prompts for one batched
-prefill or the next chunk of one long prompt, aborts requests (cancelled, failed), places prefilled candidates
-and retires finished ones through the slot table (engine.core.slots, which states the slot invariant), and keys
-the prefix cache. It never runs a forward or samples: that is engine.core.engine_core's step.
+It admits requests (validation, then room for their prompts' KV blocks), hands the engine core the whole short
+prompts for one batched prefill or the next chunk of one long prompt, preempts the newest running candidates when
+the running rows' blocks would pass the KV budget and brings them back by recomputing their K/V, aborts requests
+(cancelled, failed), places prefilled candidates and retires finished ones through the slot table
+(engine.core.slots, which states the slot invariant and how blocks are counted), and keys the prefix cache. It
+never runs a forward or samples: that is engine.core.engine_core's step.
+
+Preemption follows vLLM v1: by recompute, newest first, the preempted waiting at the front. A candidate keeps its
+generator, grammar state, detokenizer and streamed text while it waits; its prompt and tokens are prefilled again
+and it decodes on from its last token. With our CPU kernels a prefill computes the same K/V bits as the decode
+steps did (README, engine guarantees), so a preempted request's tokens are the ones it would have had.
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ import hashlib
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 
 from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
-from engine.core.slots import SlotTable
+from engine.core.slots import Recompute, SlotTable, blocks, owner
 from engine.core.stats import EngineStats
 from engine.errors import EngineError
 from engine.request import EngineRequest
@@ -40,7 +48,9 @@ class Scheduler:
         self.slots = SlotTable(runner.cache, kv_budget_tokens)
         self.max_slots, self.max_len, self.kv_budget = self.slots.max_slots, self.slots.max_len, self.slots.kv_budget
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
-        self.stats = EngineStats(kv_budget=self.kv_budget)
+        self.preempted: list[Sequence] = []  # candidates waiting to be recomputed (they go before any new request)
+        self._admissions = itertools.count()  # admission order: the newest running candidate is preempted first
+        self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
         self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         self.reasoning = reasoning
@@ -82,23 +92,36 @@ class Scheduler:
         if self.reasoning:
             group.reasoning = True
             group.thinking_open = self.tokenizer.decode(request.prompt_ids[-8:]).rstrip().endswith("<think>")
-        share = self.kv_budget // 2
-        if group.kv_need > share:  # one request never holds more than half: the rest is always there for others
-            raise EngineError(
-                "invalid_request",
-                f"n x (prompt + max tokens) = {group.kv_need} token positions exceeds one request's share "
-                f"({share}, half) of this engine's KV budget of {self.kv_budget}; lower n/best_of or the token limit",
-                "n" if params.width > 1 else params.max_tokens_param,
-            )
+        self._check_kv_room(group)
         self.waiting.append(group)
 
-    def _admissible(self, slots_in_use: int, reserved: int, after: int = 0) -> SequenceGroup | None:
+    def _check_kv_room(self, group: SequenceGroup) -> None:
+        """Refuse only what could never run on this engine even alone: its prompts (one per candidate) with room
+        to grow, or one candidate at its longest. Anything smaller runs, preempted and recomputed if need be."""
+        params, budget = group.params, self.slots.budget_blocks
+        longest = min(len(group.request.prompt_ids) + params.max_tokens, self.max_len)
+        if blocks(longest) + 1 > budget:
+            raise EngineError(
+                "invalid_request",
+                f"the prompt plus '{params.max_tokens_param}' ({longest} token positions) exceeds this engine's KV "
+                f"memory of {self.kv_budget} token positions",
+                params.max_tokens_param,
+            )
+        if self.slots.claim(group) + params.width > budget:
+            raise EngineError(
+                "invalid_request",
+                f"n/best_of ({params.width}) copies of a {len(group.request.prompt_ids)}-token prompt exceed this "
+                f"engine's KV memory of {self.kv_budget} token positions; lower n/best_of or shorten the prompt",
+                "best_of" if params.best_of else "n",
+            )
+
+    def _admissible(self, slots_in_use: int, used: int, after: int = 0) -> SequenceGroup | None:
         """The first waiting request (from index `after`) that fits now. Not strict FIFO: one that must wait for
         room does not hold back a later one that fits, but each may be passed over at most BYPASS_LIMIT times,
         so a large request is not starved by a stream of small ones."""
         for index in range(after, len(self.waiting)):
             group = self.waiting[index]
-            if self.slots.fits(group, slots_in_use, reserved):
+            if self.slots.fits(self.slots.claim(group), group.params.width, slots_in_use, used):
                 return group
             if group.bypassed >= BYPASS_LIMIT:
                 return None  # its turn: nothing goes past it until it fits
@@ -112,7 +135,7 @@ class Scheduler:
         del self.waiting[index]
 
     def _admit(self, group: SequenceGroup) -> None:
-        self.slots.reserve(group)
+        group.admission = next(self._admissions)
         if group.admitted_at is None:  # once: a single short prompt is admitted again on the chunked path
             group.admitted_at = time.monotonic()
             self.stats.observe("request_queue_time", group.admitted_at - group.request.arrival)
@@ -122,24 +145,34 @@ class Scheduler:
 
     @property
     def queue_depth(self) -> int:
-        return len(self.waiting)
+        """Requests waiting: not yet admitted, or preempted (as vLLM counts them)."""
+        return len(self.waiting) + len({id(seq.group) for seq in self.preempted})
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or self.slots.busy()
+        return bool(self.waiting or self.preempted) or self.slots.busy()
+
+    def groups_in_flight(self) -> Iterator[SequenceGroup]:
+        """Every request the scheduler holds, once each: waiting, prefilling, decoding or preempted."""
+        seen: dict[int, SequenceGroup] = {id(g): g for g in self.waiting}
+        if self.slots.prefilling is not None:
+            seen.setdefault(id(owner(self.slots.prefilling)), owner(self.slots.prefilling))
+        for seq in self.slots.decoding + self.preempted:
+            seen.setdefault(id(seq.group), seq.group)
+        return iter(list(seen.values()))
 
     # -- one step's bookkeeping -----------------------------------------------------------------
 
     def end_step(self) -> None:
-        self.stats.running = len({id(s.group) for s in self.slots.decoding}) + (self.slots.prefilling is not None)
-        self.stats.kv_reserved = self.slots.reserved
+        running = {id(s.group) for s in self.slots.decoding}
+        if self.slots.prefilling is not None:
+            running.add(id(owner(self.slots.prefilling)))
+        self.stats.running = len(running)
+        self.stats.kv_used = self.slots.used_blocks()
         if not self.has_work():
             self.slots.release_all()
 
     def reap_cancelled(self) -> None:
-        groups = {id(s.group): s.group for s in self.slots.decoding}
-        if self.slots.prefilling is not None:
-            groups[id(self.slots.prefilling)] = self.slots.prefilling
-        for group in list(self.waiting) + list(groups.values()):
+        for group in self.groups_in_flight():
             check = group.request.is_cancelled
             if check is not None and check():
                 self.abort(group, "cancelled")
@@ -149,9 +182,9 @@ class Scheduler:
         if group in self.waiting:
             self.waiting.remove(group)
         self.slots.drop_prefill(group)
+        self.preempted = [s for s in self.preempted if s.group is not group]
         for seq in [s for s in self.slots.decoding if s.group is group]:
             self.retire(seq)
-        self.slots.release(group)
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
@@ -176,31 +209,35 @@ class Scheduler:
         """Waiting requests whose prompt (past its cached prefix) fits the step's budget (in order, see
         _admissible), for one batched prefill."""
         batch: list[SequenceGroup] = []
-        slots, reserved = len(self.slots.decoding), self.slots.reserved
-        while group := self._admissible(slots, reserved, self.waiting.index(batch[-1]) + 1 if batch else 0):
+        if self.preempted:
+            return batch  # preempted candidates come back first
+        slots, used = len(self.slots.decoding), self.slots.used_blocks()
+        while group := self._admissible(slots, used, self.waiting.index(batch[-1]) + 1 if batch else 0):
             size = len(group.request.prompt_ids) - self._cached_tokens(group)
             if size > budget or group.request.prompt_embeds is not None:
                 break
             batch.append(group)
             budget -= size
             slots += group.params.width
-            reserved += group.kv_need
+            used += self.slots.claim(group)
         for group in batch:
             self._take(group)
             self._admit(group)
         return batch
 
     def requeue(self, groups: list[SequenceGroup]) -> None:
-        """Back to the front of the queue, unreserved (a single short prompt takes the chunked path)."""
+        """Back to the front of the queue (a single short prompt takes the chunked path)."""
         for group in reversed(groups):
-            self.slots.release(group)
             self.waiting.appendleft(group)
 
     def start_prefill(self) -> SequenceGroup | None:
         """The request whose prompt is being prefilled: the one in progress, else the next waiting one if it
-        fits (admitted now, its cached prefix loaded into its slot); None when nothing can start."""
+        fits (admitted now, its cached prefix loaded into its slot); None when nothing can start (a preempted
+        candidate is waiting or being recomputed: it goes first)."""
         if self.slots.prefilling is None:
-            group = self._admissible(len(self.slots.decoding), self.slots.reserved)
+            if self.preempted:
+                return None
+            group = self._admissible(len(self.slots.decoding), self.slots.used_blocks())
             if group is None:
                 return None  # wait for slots / KV budget to free up
             self._take(group)
@@ -208,6 +245,8 @@ class Scheduler:
             self.slots.prefilling = group
             self.new_parent(group).slot = len(self.slots.decoding)
             self.load_cached_prefix(group)
+        if isinstance(self.slots.prefilling, Recompute):
+            return None
         self.slots.prefilling.sequences[0].slot = len(self.slots.decoding)
         return self.slots.prefilling
 
@@ -215,13 +254,14 @@ class Scheduler:
 
     @staticmethod
     def _cache_salt(group: SequenceGroup) -> object:
-        """What the K/V depends on besides the token ids: the adapter, and the image inputs."""
+        """What the K/V depends on besides the token ids: the adapter and the image inputs; and whose it is: the
+        request's tenant salt, so one tenant's prompts never hit (nor time) another's blocks."""
         if group.cache_salt is None:
             embeds = group.request.prompt_embeds
             digest = None
             if embeds is not None:
                 digest = hashlib.blake2b(embeds.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
-            group.cache_salt = (group.params.lora_adapter, digest)
+            group.cache_salt = (group.params.lora_adapter, digest, group.request.cache_salt)
         return group.cache_salt
 
     def _cached_tokens(self, group: SequenceGroup) -> int:
@@ -266,3 +306,65 @@ class Scheduler:
     def retire(self, seq: Sequence) -> None:
         if self.slots.retire(seq):
             self.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)
+
+    # -- preemption ----------------------------------------------------------------------------
+
+    def make_room(self) -> None:
+        """Every decoding row writes one more position this step. While the blocks that takes pass the budget, the
+        newest running candidate (or the prefill in progress, when it is newer) gives its blocks back and waits at
+        the front to be recomputed."""
+        while self.slots.used_blocks() > self.slots.budget_blocks:
+            newest = max(self.slots.decoding, key=self._age, default=None)
+            job = self.slots.prefilling
+            if job is not None and (newest is None or self._job_age(job) > self._age(newest)):
+                self._preempt_prefill(job)
+            elif newest is not None:
+                self._preempt(newest)
+            else:
+                return
+            self.stats.preemptions += 1
+
+    @staticmethod
+    def _age(seq: Sequence) -> tuple[int, int]:
+        """(admission, candidate): larger is newer."""
+        return (seq.group.admission, seq.index)
+
+    @staticmethod
+    def _job_age(job: SequenceGroup | Recompute) -> tuple[int, int]:
+        return (job.group.admission, job.seq.index) if isinstance(job, Recompute) else (job.admission, -1)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.retire(seq)
+        seq.slot, seq.kv_len = -1, 0
+        self.preempted.append(seq)
+
+    def _preempt_prefill(self, job: SequenceGroup | Recompute) -> None:
+        self.slots.drop_prefill(owner(job))
+        if isinstance(job, Recompute):
+            job.seq.slot, job.seq.kv_len = -1, 0
+            self.preempted.append(job.seq)
+            return
+        job.prefilled, job.cached_tokens, job.sequences = 0, 0, []  # its prompt runs again from the start
+        self.waiting.appendleft(job)
+
+    def start_recompute(self) -> Recompute | None:
+        """The preempted candidate being recomputed: the one in progress, else the oldest waiting one if its
+        blocks fit now (in slot B, from its cached prefix if the prefix cache holds one)."""
+        job = self.slots.prefilling
+        if isinstance(job, Recompute):
+            job.seq.slot = len(self.slots.decoding)  # slot B: a retiring row may have moved it down
+            return job
+        if job is not None or not self.preempted:
+            return None
+        seq = min(self.preempted, key=self._age)
+        need = blocks(len(seq.prompt_ids) + len(seq.output_ids))  # its tokens but the last, and the next position
+        if not self.slots.fits(need, 1, len(self.slots.decoding), self.slots.used_blocks()):
+            return None
+        self.preempted.remove(seq)
+        job = Recompute(seq)
+        seq.slot = len(self.slots.decoding)
+        self.slots.prefilling = job
+        if self.prefix_cache is not None:
+            rows = self.prefix_cache.lookup(job.tokens, self._cache_salt(seq.group), touch=False)
+            job.prefilled = seq.kv_len = self.prefix_cache.load(rows, seq.slot)
+        return job

@@ -87,12 +87,10 @@ class SequenceGroup:
         self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once
         self.progress_sent = False  # the first-token progress output of a non-streamed request
-        self.admitted = False  # holds a KV reservation in the scheduler
+        self.admission = -1  # the scheduler's admission order (the newest running candidates are preempted first)
         self.bypassed = 0  # later requests admitted while this one waited for room (Scheduler._admissible)
         self.reasoning = False  # the model declares reasoning: split <think> text from content
         self.thinking_open = False  # the rendered prompt already opened the thinking block
-        params = request.params
-        self.kv_need = params.width * (len(request.prompt_ids) + params.max_tokens)
 
     @property
     def params(self) -> SamplingParams:

@@ -1,17 +1,48 @@
-"""The KV slot table: which sequence holds which KV cache row, and the KV reservations of running requests.
+"""The KV slot table: which sequence holds which KV cache row, and how many KV blocks running sequences use.
 
-Invariant: decoding sequences occupy slots 0..B-1 in `decoding` order, and a request in prefill holds slot B
-(its first candidate). A retiring sequence's slot is filled by the last row (and the prefilling parent moves
-down after it), so the decode step always reads plain views of the cache: rows 0..B-1.
+Invariant: decoding sequences occupy slots 0..B-1 in `decoding` order, and whatever is being prefilled (a new
+request's first candidate, or a preempted candidate being recomputed) holds slot B. A retiring sequence's slot is
+filled by the last row (and the prefilling one moves down after it), so the decode step always reads plain views
+of the cache: rows 0..B-1.
 
-Admission control on KV memory: a running request reserves width x (prompt + max_tokens) positions, so
-admitted requests can always run to their end. This is the project's counterpart of nano-vllm's BlockManager.
+KV memory is counted in blocks of `BLOCK_TOKENS` positions, as they are used: a decoding sequence holds the blocks
+of the positions it has written plus the one its next token writes, and a request being prefilled claims its
+prompt's blocks for each of its candidates. Nothing is reserved for tokens not yet generated; when a step's rows
+would pass the budget, the scheduler preempts the newest (engine.core.scheduler). On the host the cache's pages
+are committed only where positions are written (engine.model.kv_cache), so resident KV memory follows the same
+count.
 """
 
 from __future__ import annotations
 
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.model.kv_cache import KVCache
+
+BLOCK_TOKENS = 16  # a 4 KiB page of one head's fp32 K (head_dim 64) holds 16 positions
+
+
+def blocks(positions: int) -> int:
+    return -(-positions // BLOCK_TOKENS)
+
+
+class Recompute:
+    """A preempted candidate on its way back: its prompt and every token it has streamed but the last (which the
+    next decode step feeds, as for any running row) prefilled again into a slot. Nothing is sampled from it, so
+    the client sees the same tokens, later."""
+
+    def __init__(self, seq: Sequence) -> None:
+        self.seq = seq
+        self.group = seq.group
+        self.sequences = [seq]  # the row that holds slot B while prefilling (SlotTable.retire moves it down)
+        self.tokens = seq.prompt_ids + seq.output_ids[:-1]
+        self.prefilled = 0  # positions of `tokens` in the cache
+
+
+Prefilling = SequenceGroup | Recompute
+
+
+def owner(job: Prefilling) -> SequenceGroup:
+    return job.group if isinstance(job, Recompute) else job
 
 
 class SlotTable:
@@ -21,23 +52,35 @@ class SlotTable:
         self.max_len = cache.max_len
         self.kv_budget = kv_budget_tokens or self.max_slots * self.max_len
         cache.resident_budget = self.kv_budget  # freed slots keep their pages, zeroed, up to what admission allows
-        self.reserved = 0
         self.decoding: list[Sequence] = []
-        self.prefilling: SequenceGroup | None = None
+        self.prefilling: Prefilling | None = None
 
-    # -- reservations --------------------------------------------------------------------------
+    # -- KV blocks -----------------------------------------------------------------------------
 
-    def fits(self, group: SequenceGroup, slots_in_use: int, reserved: int) -> bool:
-        return slots_in_use + group.params.width <= self.max_slots and reserved + group.kv_need <= self.kv_budget
+    @property
+    def budget_blocks(self) -> int:
+        return self.kv_budget // BLOCK_TOKENS
 
-    def reserve(self, group: SequenceGroup) -> None:
-        self.reserved += group.kv_need
-        group.admitted = True
+    @staticmethod
+    def claim(group: SequenceGroup) -> int:
+        """Blocks a new request needs to be prefilled and placed: its prompt and first token, per candidate."""
+        return group.params.width * blocks(len(group.request.prompt_ids) + 1)
 
-    def release(self, group: SequenceGroup) -> None:
-        if group.admitted:
-            group.admitted = False
-            self.reserved -= group.kv_need
+    def used_blocks(self) -> int:
+        """Blocks held now, each decoding row's next position included, plus what the prefill in progress claims."""
+        used = sum(blocks(seq.kv_len + 1) for seq in self.decoding)
+        job = self.prefilling
+        if isinstance(job, Recompute):
+            used += blocks(len(job.tokens) + 1)
+        elif job is not None:
+            used += self.claim(job)
+        return used
+
+    def fits(self, need: int, width: int, slots_in_use: int, used: int) -> bool:
+        """Room for `width` more rows needing `need` blocks, keeping one block of growth for every row (so a
+        request just admitted is not preempted by the next decode step)."""
+        rows = slots_in_use + width
+        return rows <= self.max_slots and used + need + rows <= self.budget_blocks
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -51,6 +94,13 @@ class SlotTable:
             group.sequences.append(child)
         self.decoding.extend(group.sequences)
         return list(group.sequences)
+
+    def resume(self, job: Recompute) -> None:
+        """A recomputed candidate is a decode row again (it already sits at slot B)."""
+        if self.prefilling is job:
+            self.prefilling = None
+        job.seq.slot = len(self.decoding)
+        self.decoding.append(job.seq)
 
     def retire(self, seq: Sequence) -> bool:
         """Free the sequence's slot, moving the last row (and any prefill in progress) down. False when the
@@ -69,19 +119,23 @@ class SlotTable:
         self.decoding.pop()
         vacated = last
         if self.prefilling is not None and self.prefilling.prefilled > 0:
-            parent = self.prefilling.sequences[0]
-            cache.copy_slot(parent.slot, len(self.decoding), parent.kv_len)
-            cache.release(len(self.decoding), parent.kv_len)
-            vacated, parent.slot = parent.slot, len(self.decoding)
+            row = self.prefilling.sequences[0]
+            cache.copy_slot(row.slot, len(self.decoding), row.kv_len)
+            cache.release(len(self.decoding), row.kv_len)
+            vacated, row.slot = row.slot, len(self.decoding)
         cache.release(vacated)
         return True
 
-    def drop_prefill(self, group: SequenceGroup) -> None:
-        """The prefilling request is gone: give back its partial prompt's memory."""
-        if self.prefilling is group:
-            self.prefilling = None
-            if group.sequences and group.sequences[0].slot >= 0:
-                self.cache.release(group.sequences[0].slot)
+    def drop_prefill(self, group: SequenceGroup) -> Prefilling | None:
+        """The prefilling request is gone or preempted: give back its partial prompt's memory. Returns the job
+        dropped, if it was this group's."""
+        job = self.prefilling
+        if job is None or owner(job) is not group:
+            return None
+        self.prefilling = None
+        if job.sequences and job.sequences[0].slot >= 0:
+            self.cache.release(job.sequences[0].slot)
+        return job
 
     def busy(self) -> bool:
         return bool(self.prefilling or self.decoding)

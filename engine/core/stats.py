@@ -30,8 +30,9 @@ def _timings() -> dict[str, collections.deque[float]]:
 @dataclass
 class EngineStats:
     running: int = 0  # requests in the running batch (prefilling or decoding)
-    kv_reserved: int = 0  # KV positions reserved by running requests (admission control)
-    kv_budget: int = 1
+    kv_used: int = 0  # KV blocks held by running requests (engine.core.slots counts them)
+    kv_budget: int = 1  # KV blocks in all
+    preemptions: int = 0  # running candidates preempted for KV room (recomputed later)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cancelled: int = 0
@@ -42,7 +43,7 @@ class EngineStats:
 
     @property
     def kv_usage(self) -> float:
-        return self.kv_reserved / self.kv_budget if self.kv_budget else 0.0
+        return self.kv_used / self.kv_budget if self.kv_budget else 0.0
 
     def observe(self, timing: str, seconds: float) -> None:
         self.timings[timing].append(max(seconds, 0.0))

@@ -39,6 +39,7 @@ COUNTERS = {  # metric -> (EngineStats attribute, description)
     "sie_engine_request_cancelled_total": ("cancelled", "Requests cancelled by their client"),
     "sie_engine_prefix_cache_queries_total": ("prefix_queries", "Prompt tokens looked up in the prefix cache"),
     "sie_engine_prefix_cache_hits_total": ("prefix_hits", "Prompt tokens found in the prefix cache"),
+    "sie_engine_num_preemptions_total": ("preemptions", "Running candidates preempted for KV room, recomputed later"),
 }
 FINISHED = "sie_engine_request_success_total"
 # observations per histogram per period past which a uniform sample is observed (inter-token latency on a fast
@@ -59,7 +60,7 @@ class EngineMetrics:
                                     "Requests waiting in the engine for a slot or KV room"),
             "running": self._metric(gauge, "sie_engine_num_requests_running", "Requests in the running batch"),
             "kv": self._metric(gauge, "sie_engine_kv_cache_usage_perc",
-                               "KV positions reserved by running requests over the KV budget (0..1)"),
+                               "KV blocks in use by running requests over all KV blocks (0..1)"),
         }
         self._counters = {attr: self._metric(self._kinds.COUNTER, name, doc) for name, (attr, doc) in COUNTERS.items()}
         # one series per reason from the start (stop, length, error, cancelled): a rate needs its zero

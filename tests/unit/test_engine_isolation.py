@@ -164,7 +164,7 @@ def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, real
     run.add("b", prompts[2], sampled(5))
     run.until_done()
     _assert_neighbours_unharmed(make_scheduler, prompts, run)
-    assert not run.sched.scheduler.slots.decoding and run.sched.scheduler.slots.reserved == 0
+    assert not run.sched.scheduler.slots.decoding and run.sched.scheduler.slots.used_blocks() == 0
 
 
 # -- defect 6: an explicit cap beyond the context -----------------------------------------------------

@@ -9,6 +9,7 @@ import weakref
 
 import pytest
 
+from engine.core.slots import BLOCK_TOKENS, blocks
 from engine.core.stats import EngineStats
 from engine.core.step_timing import PHASES, StepTiming
 from engine.sampling_params import SamplingParams
@@ -42,8 +43,9 @@ def test_scheduler_records_counters_gauges_and_timings(cached, prompts):
     run.step()
     stats: EngineStats = cached.stats
     assert stats.running == 2  # requests, not candidates (b has two)
-    reserved = (len(prompts[0]) + 6) + 2 * (len(prompts[1]) + 4)
-    assert stats.kv_usage == pytest.approx(reserved / 1000)
+    # one step prefilled both and decoded every row once: each holds its prompt, two tokens and the next position
+    used = blocks(len(prompts[0]) + 2) + 2 * blocks(len(prompts[1]) + 2)
+    assert stats.kv_usage == pytest.approx(used / (1000 // BLOCK_TOKENS))
     run.until_done()
     elapsed = time.monotonic() - started
     assert stats.running == 0 and stats.kv_usage == 0
@@ -161,7 +163,7 @@ def exported():
 def test_gauges_counters_and_histograms_with_the_model_label(exported):
     backend, engine, metrics = exported
     stats = engine.stats
-    engine.num_waiting, stats.running, stats.kv_reserved = 3, 2, 25
+    engine.num_waiting, stats.running, stats.kv_used = 3, 2, 25
     stats.prompt_tokens, stats.generation_tokens, stats.prefix_queries, stats.prefix_hits = 40, 7, 40, 16
     stats.finish("stop")
     stats.observe("time_to_first_token", 0.12)

@@ -186,7 +186,6 @@ def test_queue_full_fails_fast(real_engine, prompts):
 
     try:
         # one request as wide as the engine occupies every slot, so later ones must wait in the queue
-        # (80 tokens each: within one request's share, half the KV budget)
         wide = submit("wide", prompts[0], SamplingParams(n=ENGINE_SLOTS, temperature=1.0, max_tokens=80,
                                                           ignore_eos=True))
         wide.get(timeout=60)  # decoding now
