@@ -1,4 +1,4 @@
-"""Opt-in: force MKL's Intel code paths on AMD CPUs (shared/notes/cpu-decode.md, item 1).
+"""Opt-in: force MKL's Intel code paths on AMD CPUs (docs/cpu-decode.md, "What mattered", 1).
 
 The torch wheel's MKL picks a slow small-M sgemm path on AMD; an LD_PRELOAD of a one-line library
 that answers "this is an Intel CPU" selects the fast kernels. Measured here: decode step B=1 56 -> 40 ms,

@@ -158,8 +158,8 @@ class Provisioning(Unavailable):
 
 
 class MachineProfileNotConfigured(GatewayError):
-    """`X-SIE-MACHINE-PROFILE` names a profile no pool of this gateway has (sie-contract.md 2.4: 503
-    `GPU_NOT_CONFIGURED`). Configuration, not capacity: no `Retry-After`, so clients do not retry it."""
+    """`X-SIE-MACHINE-PROFILE` names a profile no pool of this gateway has (docs/contract.md, "Capacity and routing
+    errors": 503 `GPU_NOT_CONFIGURED`). Configuration, not capacity: no `Retry-After`, so clients do not retry it."""
 
     status = 503
     type = "server_error"

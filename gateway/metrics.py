@@ -14,7 +14,7 @@ from prometheus_client import (
     multiprocess,
 )
 
-# the contract's names and labels (sie-contract 7): `endpoint` is the route ("chat", "generate", ...),
+# the contract's names and labels (docs/contract.md, "Metrics"): `endpoint` is the route ("chat", "generate", ...),
 # `machine_profile` the one a request asked for ("default" when none, "" off the inference routes)
 REQUESTS = Counter("sie_gateway_requests_total", "HTTP requests", ["endpoint", "status", "machine_profile", "model"])
 LATENCY = Histogram(

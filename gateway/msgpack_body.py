@@ -1,5 +1,5 @@
-"""msgpack on the native generate route (sie-contract 1.3: the SDK's client default content type is msgpack, and
-the gateway "can answer msgpack to a msgpack Accept"). A msgpack body must decode to what JSON could carry:
+"""msgpack on the native generate route (docs/contract.md, "Request headers": the SDK's client default content type is
+msgpack, and the gateway answers msgpack to a msgpack Accept). A msgpack body must decode to what JSON could carry:
 string keys, and strings, numbers, booleans, null, arrays and maps as values, so the contract checks after it are
 the JSON ones."""
 

@@ -31,7 +31,7 @@ class OutputPostprocessor:
             calls = calls[:1]
         if seq.finish_reason == "length":
             # cut off by the token limit after complete calls: they are kept (not read as JSON content) and the
-            # finish stays `length`, for each surface to say: chat reports `tool_calls` (sie-contract 3.3, the
-            # chat seed's `_close_choice`), a Response is `incomplete` (OpenAI's max_output_tokens)
+            # finish stays `length`, for each surface to say: chat reports `tool_calls` (docs/contract.md,
+            # "Chat completions: responses"), a Response is `incomplete` (OpenAI's max_output_tokens)
             return {"tool_calls": calls}
         return {"tool_calls": calls, "finish_reason": "tool_calls"}

@@ -7,7 +7,7 @@ Why our own forward: batched decode of small models on CPU is bound by per-step 
 dispatch over many small ops, a growing cache), not arithmetic. Fused QKV / gate-up weights,
 preallocated KV buffers written at each row's own position, GQA folded into SDPA without repeating
 K/V, and the LM head only on the positions we sample from cut that overhead (see
-shared/notes/cpu-decode.md). Supported: LlamaForCausalLM and the Qwen2/Qwen3 variants (QKV bias,
+docs/cpu-decode.md). Supported: LlamaForCausalLM and the Qwen2/Qwen3 variants (QKV bias,
 per-head q/k RMSNorm), which covers the served models; others, and features the forward does not compute
 (an o_proj or MLP bias, a sliding window shorter than the cache), are rejected at load.
 """

@@ -1,7 +1,7 @@
 """The linear (GEMM) path of the CPU forward, chosen at load by the instruction set and a quick measurement.
 
 Why: the torch wheel's MKL picks its kernels by CPU vendor, and on AMD it takes an AVX2 path for the small-row
-GEMMs of batched decode, even on AVX-512 parts (shared/notes/cpu-decode.md). oneDNN (bundled with torch) picks its
+GEMMs of batched decode, even on AVX-512 parts (docs/cpu-decode.md). oneDNN (bundled with torch) picks its
 kernels by ISA (brgemm with avx512_core / avx512_core_bf16 / AMX where present) and, with weights prepacked into
 its blocked layout once at load (as inductor's `mkldnn._linear_pointwise` does), runs those GEMMs much faster there.
 Our own tiled kernel (engine.model.tiled_linear) beats both at decode's row counts, and its rows do not depend on

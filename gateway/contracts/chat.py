@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions` request contract (sie-contract.md sections 3.1 and 3.2)."""
+"""`POST /v1/chat/completions` request contract (docs/contract.md, "Chat completions")."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def _schema(value: dict[str, Any]) -> dict[str, Any]:
 
 
 class ToolFunction(ContractModel):
-    unknown_key_code = INVALID  # any deviation in a tool definition is invalid_request (sie-contract 3.2, `tools`)
+    # any deviation in a tool definition is invalid_request (docs/contract.md, "Chat completions", `tools`)
+    unknown_key_code = INVALID
 
     name: NonEmptyStr
     description: str | None = None

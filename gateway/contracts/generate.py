@@ -1,4 +1,4 @@
-"""`POST /v1/generate/{model}` request contract (sie-contract.md sections 2.2 and 2.3)."""
+"""`POST /v1/generate/{model}` request contract (docs/contract.md, "Native generate")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenAI chat.completion / chat.completion.chunk rendering (sie-contract.md sections 3.3, 3.4)."""
+"""OpenAI chat.completion / chat.completion.chunk rendering (docs/contract.md, "Chat completions: responses")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""WS /ws/cluster-status (sie-contract 7): the cluster as `/health` reports it, pushed once a second.
+"""WS /ws/cluster-status (docs/contract.md, "Health and operational routes"): the cluster as `/health` reports it,
+pushed once a second.
 
 The real `sie-sdk`'s `client.watch()` opens it when `/health` says `type: gateway`; each message is a
 `ClusterStatusMessage` (`timestamp`, `cluster`, `workers`, `models`), here with `/health`'s other fields beside them.
@@ -7,7 +8,7 @@ A raw ASGI endpoint, not a Falcon responder: Falcon can only refuse a handshake 
 bare 403), while the contract answers a missing token with a 401 in its envelope. uvicorn's
 `websocket.http.response` extension sends that answer here; a server without it gets the close.
 
-Auth is the operational routes' (sie-contract 1.6: `/ws/*` is open only with `SIE_AUTH_EXEMPT_OPERATIONAL`).
+Auth is the operational routes' (docs/contract.md, "Auth": `/ws/*` is open only with `SIE_AUTH_EXEMPT_OPERATIONAL`).
 The registry is read as `/health` reads it, refreshed at most once a second however many clients watch, and
 each worker process holds at most `MAX_WATCHERS` feeds: a watcher costs a task and a message a second.
 """

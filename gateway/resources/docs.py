@@ -1,4 +1,5 @@
-"""GET / (what this server is and where to look) and GET /docs (the API reference), sie-contract 7.
+"""GET / (what this server is and where to look) and GET /docs (the API reference), docs/contract.md, "Health and
+operational routes".
 
 /docs is Redoc over /openapi.json, as SIE's gateway serves it: the viewer is `/docs/redoc.standalone.js`, Redoc's
 own bundle shipped in `gateway/static/` (redoc 2.5.4, MIT; a gateway often has no internet access, so no CDN). For a

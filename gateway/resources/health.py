@@ -24,8 +24,8 @@ READY_MAX_AGE_S = 1.0
 
 
 class GatewayHealthResource:
-    """GET /health in the contract's shape (sie-contract 7): `{status: healthy|degraded, type: gateway,
-    configured_gpu_types, live_gpu_types, cluster, workers, models}`.
+    """GET /health in the contract's shape (docs/contract.md, "Health and operational routes"): `{status:
+    healthy|degraded, type: gateway, configured_gpu_types, live_gpu_types, cluster, workers, models}`.
 
     Always 200, as SIE's gateway answers: `degraded` is in the body. The real sie-sdk reads this body to wait for
     capacity (`get_capacity`, `wait_for_capacity`) and to tell a gateway from a worker (`watch`), and it raises on any

@@ -1,4 +1,4 @@
-"""Gateway auth (sie-contract.md 1.6, Decisions 1 and 2)."""
+"""Gateway auth (docs/contract.md, "Auth", and "Decisions" 1 and 2)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ async def test_auth_mode_none_needs_no_token(gw):
     {"x-api-key": "tok-two"},
     {"X-API-Key": "tok-one"},
     {"Authorization": "Bearer tok-one", "x-api-key": "tok-two"},  # both sent, both valid
-    {"Authorization": "tok-one"},  # a raw token value (sie-contract 1.3)
+    {"Authorization": "tok-one"},  # a raw token value, as SIE's gateway reads it
     {"Authorization": "  tok-two "},
-    # Decision 2: either valid token admits
+    # either valid token admits (docs/contract.md, "Decisions" 2)
     {"Authorization": "Bearer wrong", "x-api-key": "tok-one"},
     {"Authorization": "Bearer tok-one", "x-api-key": "wrong"},
     {"Authorization": "Basic dG9rLW9uZQ==", "x-api-key": "tok-one"},
@@ -109,7 +109,7 @@ async def test_every_auth_exempt_path_is_served(secured):
 
 
 async def test_docs_are_open_and_the_index_is_operational(make_gateway):
-    """sie-contract 1.6: `/docs` always exempt; `/` only with SIE_AUTH_EXEMPT_OPERATIONAL."""
+    """docs/contract.md, "Auth": `/docs` always exempt; `/` only with SIE_AUTH_EXEMPT_OPERATIONAL."""
     secured = await make_gateway(auth_mode="token", auth_tokens=TOKENS)
     docs = await secured.client.get("/docs")
     assert docs.status_code == 200 and docs.headers["content-type"].startswith("text/html")

@@ -1,4 +1,5 @@
-"""Blocking chat completions (sie-contract.md 3.3) through the real app and a fake Triton."""
+"""Blocking chat completions (docs/contract.md, "Chat completions: responses") through the real app and a fake
+Triton."""
 
 from __future__ import annotations
 

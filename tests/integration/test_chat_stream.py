@@ -1,4 +1,5 @@
-"""Streaming chat SSE (sie-contract.md 3.4): framing, per-choice state, usage frame, in-band errors."""
+"""Streaming chat SSE (docs/contract.md, "Chat completions: responses"): framing, per-choice state, usage frame, in-band
+errors."""
 
 from __future__ import annotations
 

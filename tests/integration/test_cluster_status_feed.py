@@ -121,7 +121,7 @@ async def test_without_a_token_the_handshake_is_a_401_in_the_envelope(make_gatew
         assert response_headers["x-sie-error-code"] == "UNAUTHORIZED"
         assert response_headers["www-authenticate"].startswith("Bearer")
         assert response_headers["content-type"] == "application/json"
-        # the headers every HTTP answer of this gateway carries (sie-contract 1.5)
+        # the headers every HTTP answer of this gateway carries (docs/contract.md, "Response headers")
         assert len(response_headers["x-sie-request-id"]) == 32
         assert response_headers["x-sie-server-version"] == gw.settings.server_version
 

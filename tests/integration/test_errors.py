@@ -1,4 +1,5 @@
-"""Path rules, model resolution, capacity and worker errors, timeouts (sie-contract.md 2.1, 2.4)."""
+"""Path rules, model resolution, capacity and worker errors, timeouts (docs/contract.md, "Native generate", "Capacity
+and routing errors")."""
 
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ async def test_triton_down_is_503_provisioning(make_gateway):
 
     gw = await make_gateway(setup=setup)
     for resp in (await gw.chat(), await gw.generate(), await gw.chat(stream=True)):
-        # no reachable endpoint: capacity may come back, the SDK waits for it (sie-contract.md 2.4)
+        # no reachable endpoint: capacity may come back, the SDK waits for it (docs/contract.md, "Capacity and routing
+        # errors")
         assert_error(resp, 503, "PROVISIONING", None, "server_error")
         assert resp.headers["retry-after"] == "60"
     gw.fake().down = False
@@ -317,7 +319,7 @@ async def test_inter_chunk_timeout_does_not_cut_a_blocking_request(make_gateway)
 
 async def test_a_blocking_request_that_asks_for_an_inter_chunk_bound_gets_it(gw):
     """`options.inter_chunk_timeout_s` on a blocking request: generated as a stream, collected, and 502
-    `inter_chunk_timeout` when the chunks stop coming (sie-contract 2.4)."""
+    `inter_chunk_timeout` when the chunks stop coming (docs/contract.md, "Errors")."""
     gw.fake().script = [ev("a"), Delay(0.3), ev("b"), *tokens("end")]
     resp = await gw.generate(options={"inter_chunk_timeout_s": 0.1})
     assert_error(resp, 502, "inter_chunk_timeout", None)

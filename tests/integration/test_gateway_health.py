@@ -1,5 +1,6 @@
-"""GET /health in the contract's shape (sie-contract 7): status, gpu types, cluster, workers and models, from the
-registry's view of the Triton endpoints; always 200, `degraded` in the body (as SIE's gateway answers)."""
+"""GET /health in the contract's shape (docs/contract.md, "Health and operational routes"): status, gpu types, cluster,
+workers and models, from the registry's view of the Triton endpoints; always 200, `degraded` in the body (as SIE's
+gateway answers)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SIE-native generate: blocking body (sie-contract.md 2.5) and GenerateChunk SSE (2.6)."""
+"""SIE-native generate: blocking body and GenerateChunk SSE (docs/contract.md, "Native generate: responses")."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ async def test_stream_error_before_first_event_is_http_error(gw):
     resp = await gw.generate(stream=True)
     assert resp.status_code == 400
     assert resp.headers["content-type"].startswith("application/json")
-    # a worker error names its attempt (sie-contract 1.1, 2.4), like the blocking body's attempt_id
+    # a worker error names its attempt (docs/contract.md, "Errors"), like the blocking body's attempt_id
     assert resp.json() == {"error": {"message": "prompt too long", "type": "context_length_exceeded",
                                      "param": "prompt", "code": "context_exceeded",
                                      "attempt_id": f"{resp.headers['x-sie-request-id']}.a"}}
@@ -170,7 +170,7 @@ async def test_dotted_canonical_id_accepted_in_path(gw):
 
 async def test_a_buffered_answer_names_the_model_config_that_answered_it(gw):
     """`X-SIE-Model-Revision`: lowercase 64-hex, the same for the same config, another for another; SSE omits it
-    (sie-contract 1.5)."""
+    (docs/contract.md, "Response headers")."""
     first, again = await gw.generate(), await gw.generate()
     revision = first.headers["x-sie-model-revision"]
     assert re.fullmatch(r"[0-9a-f]{64}", revision) and again.headers["x-sie-model-revision"] == revision

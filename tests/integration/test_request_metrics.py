@@ -109,7 +109,7 @@ async def test_stream_leaves_the_gauge_when_its_task_is_cancelled(gw):
 
 
 async def test_the_contracts_metric_names_and_labels(make_gateway):
-    """sie-contract 7: requests_total{endpoint,status,machine_profile}, request_latency_seconds{endpoint,
+    """docs/contract.md, "Metrics": requests_total{endpoint,status,machine_profile}, request_latency_seconds{endpoint,
     machine_profile}, provisioning_responses_total{machine_profile}, workers{status}."""
     pools = (one_pool(EndpointConfig(url="a")), PoolConfig("gpu", "l4", (EndpointConfig(url="c"),)))
     gw = await make_gateway(pools=pools, setup=lambda fakes: setattr(fakes["c"], "down", True))

@@ -272,7 +272,8 @@ async def test_a_choice_closed_with_error_is_failed_not_completed(gw):
 
 
 async def test_a_prompt_too_long_names_input_not_messages(gw):
-    """The engine knows the conversation as `messages`; a Response's client sent it as `input` (Decision 7)."""
+    """The engine knows the conversation as `messages`; a Response's client sent it as `input` (docs/contract.md,
+    "Decisions" 7: the field actually at fault)."""
     for stream in (False, True):
         gw.fake().script = [worker_error("context_exceeded", "prompt has 3031 tokens; this model accepts at most 2047",
                                          param="messages")]

@@ -1,4 +1,4 @@
-"""Routing headers and multi-endpoint behaviour (sie-contract.md 1.3, 1.4, Decision 15)."""
+"""Routing headers and multi-endpoint behaviour (docs/contract.md, "Request headers")."""
 
 from __future__ import annotations
 
@@ -107,8 +107,8 @@ async def test_remote_forbid_with_unhealthy_local_is_503_retry_after_5(make_gate
 
 
 async def test_remote_forbid_with_nothing_reachable_is_still_retry_after_5(make_gateway):
-    """Decision 15: no healthy local endpoint is 503 with Retry-After 5, also when no endpoint at all answers (without
-    the header that is PROVISIONING, with its own Retry-After)."""
+    """docs/contract.md, "Decisions" 15: no healthy local endpoint is 503 with Retry-After 5, also when no endpoint at
+    all answers (without the header that is PROVISIONING, with its own Retry-After)."""
     gw = await make_gateway(setup=lambda fakes: setattr(fakes["a"], "down", True))
     forbid = {"X-SIE-Remote": "forbid"}
     for resp in (await gw.chat(headers=forbid), await gw.generate(headers=forbid),
@@ -164,8 +164,9 @@ async def test_machine_profile_selects_pool(make_gateway):
 
 
 async def test_unconfigured_machine_profile_is_503(gw):
-    """sie-contract.md 2.4: 503 GPU_NOT_CONFIGURED. Configuration, not a transport failure: no Retry-After, so
-    the SDK does not retry it; and a huge value is named by a short prefix, never echoed back whole."""
+    """docs/contract.md, "Capacity and routing errors": 503 GPU_NOT_CONFIGURED. Configuration, not a transport failure:
+    no Retry-After, so the SDK does not retry it; and a huge value is named by a short prefix, never echoed back
+    whole."""
     resp = await gw.chat(headers={"X-SIE-MACHINE-PROFILE": "h100"})
     err = assert_error(resp, 503, "GPU_NOT_CONFIGURED", "X-SIE-MACHINE-PROFILE", "server_error")
     assert err["message"] == "machine profile 'h100' is not configured on this gateway"

@@ -1,4 +1,5 @@
-"""A candidate cut off by the token limit keeps the tool calls it completed (sie-contract 3.3).
+"""A candidate cut off by the token limit keeps the tool calls it completed (docs/contract.md, "Chat completions:
+responses").
 
 The audit's case: SmolLM2, `max_tokens: 32`, `tool_choice: "required"`, "Weather in Paris?" produced one
 complete call and the start of a second, and came back as raw JSON content with `finish_reason: "length"`.
