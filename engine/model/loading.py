@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from engine.model.support import UnsupportedModel, config_refusal
+
 # text model_type -> the causal-LM architecture Decoder knows it as
 TEXT_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -31,9 +33,15 @@ def load_model(path: str, dtype: torch.dtype, device: str) -> tuple[torch.nn.Mod
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     placement = {"device_map": device} if device != "cpu" else {}
-    if not is_vision_config(AutoConfig.from_pretrained(path)):
+    config = AutoConfig.from_pretrained(path)
+    refusal = config_refusal(config)
+    if refusal:
+        raise UnsupportedModel(refusal)
+    if not is_vision_config(config):
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **placement)
+        # sdpa where the model has it, else its eager attention (Gemma 2's soft-capped scores): the reference our
+        # own attention function is checked against at load (engine.model.support)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **placement)
         return model.to(device).eval(), tokenizer, None
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -45,8 +53,8 @@ def load_model(path: str, dtype: torch.dtype, device: str) -> tuple[torch.nn.Mod
 def language_model(hf_model: torch.nn.Module) -> tuple[Any, torch.nn.Module, str]:
     """(text config, decoder module with embed_tokens/layers/norm, causal-LM architecture name)."""
     config = hf_model.config
-    if not is_vision_config(config):
-        return config, hf_model.model, (config.architectures or ["?"])[0]
+    if not is_vision_config(config):  # `model` for Llama-like ones, `transformer` for GPT-2, `gpt_neox`, ...
+        return config, hf_model.get_decoder(), (config.architectures or ["?"])[0]
     text_config = config.get_text_config()
     inner = getattr(hf_model.model, "language_model", None)
     if inner is None or not hasattr(inner, "layers"):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import Weight, choose_kind, linear, pack
-from engine.model.loading import language_model
+from engine.model.support import UnsupportedModel, check_against_own_forward, transformers_path_gaps
 from engine.model.transformers_lora import BASE, AdapterRows, PeftAdapter, load_peft_adapters
 from engine.staging import stage
 
@@ -142,21 +142,19 @@ def register_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, cached_attention)
 
 
-def transformers_path_gaps(hf_model: torch.nn.Module) -> list[str]:
-    """What this path cannot run exactly, by name (empty: it can)."""
-    config = hf_model.config
-    problems = []
-    if not getattr(hf_model, "_supports_attention_backend", False):
-        problems.append(f"{type(hf_model).__name__} does not route attention through transformers' attention "
-                        "interface")
-    if getattr(config, "use_bidirectional_attention", False):
-        problems.append("bidirectional attention (use_bidirectional_attention)")
-    if getattr(config, "vision_config", None) is not None:
-        problems.append("vision inputs (serve vision-language models on the fused path)")
-    for name in ("attention_chunk_size", "chunk_size_feed_forward"):
-        if getattr(config, name, None):
-            problems.append(f"chunked attention ({name})")
-    return problems
+def logit_ops(config) -> tuple[float, float | None]:
+    """(scale, soft-cap) the model's causal-LM head applies to its logits, in that order: Cohere's `logit_scale`,
+    Granite's `logits_scaling` (a divisor), `output_multiplier`; Gemma's `final_logit_softcapping`."""
+    scale = float(getattr(config, "logit_scale", None) or 1.0) * float(getattr(config, "output_multiplier", None)
+                                                                       or 1.0)
+    scale /= float(getattr(config, "logits_scaling", None) or 1.0)
+    return scale, getattr(config, "final_logit_softcapping", None)
+
+
+def first_layer(base: torch.nn.Module) -> torch.nn.Module:
+    """The first decoder layer (the first module list under the decoder: `layers`, GPT-2's `h`)."""
+    layers = next((m for m in base.modules() if isinstance(m, torch.nn.ModuleList) and len(m)), None)
+    return layers[0] if layers is not None else base
 
 
 def use_linear_kind(module: torch.nn.Module, kind: str) -> None:
@@ -188,27 +186,31 @@ class TransformersDecoder:
     def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
         problems = transformers_path_gaps(hf_model)
         if problems:
-            raise ValueError("the transformers model path cannot serve this model exactly: " + "; ".join(problems))
+            raise UnsupportedModel("; ".join(problems))
         register_attention()
-        config, inner, _ = language_model(hf_model)
+        hf_model.requires_grad_(False)  # served only: logits() on inference tensors outside inference_mode too
+        config = hf_model.config.get_text_config()
         self.model = hf_model
         self.base = hf_model.get_decoder()  # embeddings, layers and final norm: hidden states out
         self.head = hf_model.get_output_embeddings()
         self.config = config
-        self.n_kv = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = config.num_attention_heads
+        # GPT-2, GPT-NeoX, OPT: no num_key_value_heads (every head has its own keys)
+        self.n_kv = getattr(config, "num_key_value_heads", None) or heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.vocab_size = config.vocab_size
         self.hidden_size = config.hidden_size
-        self.logit_cap = getattr(config, "final_logit_softcapping", None)
+        self.logit_ops = logit_ops(config)
         param = next(hf_model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.embed = inner.embed_tokens.weight.detach()
-        # the fused forward's GEMM choice, measured on this model's first layer (all of its linears)
-        first = [m.weight.detach() for m in inner.layers[0].modules() if isinstance(m, torch.nn.Linear)]
-        self.linear_kind = choose_kind(self.device, first)
+        self.embed = self.base.get_input_embeddings().weight.detach()
+        # the fused forward's GEMM choice, measured on this model's first layer (all of its linears; GPT-2's are
+        # Conv1D modules, which keep torch's own matmul)
+        first = [m.weight.detach() for m in first_layer(self.base).modules() if isinstance(m, torch.nn.Linear)]
+        self.linear_kind = choose_kind(self.device, first) if first else "mkl"
         use_linear_kind(hf_model, self.linear_kind)  # the layers' linears and the LM head
         self.adapter_rows = AdapterRows()  # set only for the length of a forward with adapter rows
-        self._check_against_the_models_own_forward()
+        check_against_own_forward(self)
 
     def load_adapters(self, paths: dict[str, str]) -> dict[str, PeftAdapter]:
         """peft LoRA adapters in the model's own modules, served per row (engine.model.transformers_lora)."""
@@ -229,19 +231,6 @@ class TransformersDecoder:
         return KVCache(self.config.num_hidden_layers, slots, self.n_kv, max_len, self.head_dim, self.dtype,
                        self.device)
 
-    @torch.inference_mode()
-    def _check_against_the_models_own_forward(self) -> None:
-        """Refuse a model whose causal-LM head does more than `lm_head` + soft-capping (a logit scale, say):
-        our hidden-states-then-head split would serve it wrong. One short forward each way, at load."""
-        ids = torch.arange(3, 11, device=self.device)
-        with self.hf_attention():
-            expected = self.model(ids[None], use_cache=False).logits[0, -1].float()
-        ours = self.prefill(self.new_cache(1, len(ids)), 0, ids.tolist(), 0)
-        assert ours is not None
-        if not torch.allclose(ours, expected, atol=1e-3 * max(1.0, expected.abs().max().item()), rtol=1e-3):
-            raise ValueError(f"{type(self.model).__name__}: the transformers path's logits differ from the model's "
-                             "own forward (its head post-processes logits in a way this path does not know)")
-
     @contextlib.contextmanager
     def hf_attention(self) -> Iterator[None]:
         """The HF model on its own attention for a while (HF `generate`, references), then ours again."""
@@ -254,8 +243,11 @@ class TransformersDecoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final-normed hidden states [N, hidden] -> [N, V] float32 logits."""
         out = self.head(hidden).float()
-        if self.logit_cap:
-            out = torch.tanh(out / self.logit_cap) * self.logit_cap
+        scale, cap = self.logit_ops
+        if scale != 1.0:
+            out = out * scale
+        if cap:
+            out = torch.tanh(out / cap) * cap
         return out
 
     def _hidden(self, ids: torch.Tensor, step: AttentionStep, embeds: torch.Tensor | None = None,
