@@ -1,4 +1,4 @@
-"""Bearer / x-api-key authentication for the inference routes (sie-contract.md 1.6, Decision 2)."""
+"""Bearer / x-api-key authentication for the inference routes (docs/contract.md, "Auth")."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import hmac
 from gateway.errors import ServerMisconfigured, Unauthorized
 from gateway.settings import Settings
 
-# Only paths this gateway serves. vLLM's /health and /version carry no model data and are health routes (Decision 2:
-# always open); /tokenize and /detokenize expose the model's tokenizer and stay behind auth like the inference routes.
-# The operational ones are sie-contract 1.6's `/`, `/metrics`, `/ws/*`.
+# Only paths this gateway serves. vLLM's /health and /version carry no model data and are health routes (always open:
+# docs/contract.md, "Auth"); /tokenize and /detokenize expose the model's tokenizer and stay behind auth like the
+# inference routes. The operational ones are `/`, `/metrics`, `/ws/*` (docs/contract.md, "Auth").
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/redoc.standalone.js", "/health",
                         "/version"})
 OPERATIONAL_PATHS = frozenset({"/", "/metrics", "/ws/cluster-status"})  # open only with SIE_AUTH_EXEMPT_OPERATIONAL
@@ -18,7 +18,7 @@ ENABLED_MODES = frozenset({"token", "static"})
 
 def _bearer(header: str | None) -> str | None:
     """The token an `Authorization` header carries: `Bearer <token>` (scheme case-insensitive, whitespace trimmed) or
-    a raw token value, as SIE's gateway reads it (sie-contract 1.3); None when the header is absent or blank.
+    a raw token value, as SIE's gateway reads it (docs/contract.md, "Auth"); None when the header is absent or blank.
     `Bearer` with nothing after it carries an empty token, which matches none."""
     if header is None or not header.strip():
         return None
@@ -41,7 +41,7 @@ class Authenticator:
         presented = [t for t in (_bearer(authorization), (api_key or "").strip() or None) if t is not None]
         if not presented:
             raise Unauthorized("Missing Authorization header")
-        # Decision 2: either valid token admits (sie-contract 8.11's reading); credentials that match none are a 401
+        # either valid token admits (docs/contract.md, "Decisions" 2); credentials that match none are a 401
         if not any(self._known(token) for token in presented):
             raise Unauthorized("Invalid token", token_sent=True)
 

@@ -45,7 +45,8 @@ class RequestContextMiddleware:
         if status // 100 in (2, 5):
             resp.set_header("X-SIE-Served-By", req.context.get("served_by", "local"))
         revision = req.context.get("model_revision")
-        # buffered answers only: an SSE stream's headers go out before the answer is known (sie-contract 1.5)
+        # buffered answers only: an SSE stream's headers go out before the answer is known (docs/contract.md, "Response
+        # headers")
         if status // 100 == 2 and revision and resp.content_type != "text/event-stream":
             resp.set_header("X-SIE-Model-Revision", revision)
 

@@ -32,7 +32,7 @@ class ModelProfile:
     default_temperature: float | None = None
     default_top_p: float | None = None
     # SHA-256 of the model's served config (its Triton name and `parameters`): `X-SIE-Model-Revision` on buffered
-    # native answers, so a client can tell which configuration answered it (sie-contract 1.5)
+    # native answers, so a client can tell which configuration answered it (docs/contract.md, "Response headers")
     revision: str = field(default="", compare=False)
 
     @property

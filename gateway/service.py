@@ -167,9 +167,9 @@ class GenerationService:
     async def lookup(self, model: str, *, forbid_remote: bool = False) -> tuple[ModelProfile, str | None]:
         """The model id as the client wrote it -> (profile, machine profile of a `model:profile` suffix).
 
-        404 for an unknown model, 503 while none is reachable, 400 naming `profile` for a suffix that no
-        configured pool serves (sie-contract.md: unknown profile). With `X-SIE-Remote: forbid`, nothing reachable
-        is Decision 15's "no healthy local endpoint": 503 with Retry-After 5, not PROVISIONING's."""
+        404 for an unknown model, 503 while none is reachable, 400 naming `profile` for a suffix that no configured pool
+        serves (docs/contract.md, "Request headers"). With `X-SIE-Remote: forbid`, nothing reachable is "no healthy
+        local endpoint" (docs/contract.md, "Decisions" 15): 503 with Retry-After 5, not PROVISIONING's."""
         try:
             profile, machine_profile = await self.registry.resolve(model)
         except Provisioning:
@@ -269,7 +269,7 @@ def _on_the_wire(req: GenerationRequest) -> GenerationRequest:
     """The request as Triton gets it. A blocking request hears from the engine only at its first token and when a
     choice closes, so an inter-chunk bound would have nothing to time; one that asks for that bound
     (`options.inter_chunk_timeout_s`) is generated as a stream of deltas and collected here, so the bound holds
-    between its chunks (502 `inter_chunk_timeout`, sie-contract 2.4). Without it, blocking stays lean."""
+    between its chunks (502 `inter_chunk_timeout`, docs/contract.md, "Errors"). Without it, blocking stays lean."""
     if req.stream or (req.options or {}).get("inter_chunk_timeout_s") is None:
         return req
     return dataclasses.replace(req, stream=True)
@@ -281,7 +281,7 @@ def attempt_id(request_id: str, endpoint: Endpoint) -> str:
 
 
 def attribute(exc: WorkerError, req: GenerationRequest, attempt: str) -> None:
-    """A worker error names its attempt (sie-contract 1.1, 2.4), and an error about the grammar, an image or the
+    """A worker error names its attempt (docs/contract.md, "Errors"), and an error about the grammar, an image or the
     conversation names the client's field it came from (`response_format` / `text.format`, `images[i].data`,
     `input`: the engine only knows them as `grammar`, `images[i]`, `messages`)."""
     exc.extra.setdefault("attempt_id", attempt)
