@@ -78,7 +78,10 @@ def when_ready(server) -> None:
     but the kernel keeps completing handshakes while any copy is open, so between the first worker's
     503 on /readyz and the last worker's close a new connection was still taken (CI caught one).
     shutdown() on a listening socket ends it for every process that holds it: from here on a connect
-    is refused. Skipped during a USR2 re-exec, where the new master serves on the same socket."""
+    is refused. Skipped during a USR2 re-exec, where the new master serves on the same socket.
+
+    On SIGHUP the workers re-read the keys file instead of being replaced."""
+    import signal
     import socket
 
     handle_term = server.handle_term
@@ -93,3 +96,12 @@ def when_ready(server) -> None:
         handle_term()
 
     server.handle_term = refuse_new_connections_then_stop
+
+    def reread_keys_in_every_worker() -> None:
+        # gunicorn's own SIGHUP replaces every worker, which cuts the streams open past the graceful timeout; the
+        # gateway's settings come from the environment, which a reload would not re-read anyway. What changes
+        # at run time is the keys file, and each worker re-reads it on its own SIGHUP (gateway/worker.py).
+        server.log.info("SIGHUP: workers re-read SIE_AUTH_TOKENS_FILE")
+        server.kill_workers(signal.SIGHUP)
+
+    server.handle_hup = reread_keys_in_every_worker

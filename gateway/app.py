@@ -153,12 +153,12 @@ class _BodyEnd:
         self._end()
 
 
-def create_app(settings: Settings, registry: ModelRegistry | None = None, drain: Drain | None = None
-               ) -> falcon.asgi.App:
+def create_app(settings: Settings, registry: ModelRegistry | None = None, drain: Drain | None = None,
+               auth: Authenticator | None = None) -> falcon.asgi.App:
     registry = registry or ModelRegistry(settings)
     drain = drain or Drain()
     service = GenerationService(settings, registry, drain)
-    middleware: list[Any] = [_Observe(), RequestContextMiddleware(settings)]
+    middleware: list[Any] = [_Observe(), RequestContextMiddleware(settings, auth)]
     app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))
@@ -227,11 +227,11 @@ class _Served:
     """The served ASGI callable: WebSocket handshakes go to the status feed, HTTP and lifespan to the Falcon app
     behind the disconnect tracker (the app's lifespan starts the registry both read).
 
-    Its `drain` is what the worker's SIGTERM handler starts (gateway/worker.py); uvicorn itself closes open
-    WebSockets (1012) when the worker stops."""
+    Its `drain` is what the worker's SIGTERM handler starts, its `auth` what SIGHUP tells to re-read the keys
+    file (gateway/worker.py); uvicorn itself closes open WebSockets (1012) when the worker stops."""
 
-    def __init__(self, http, websocket: ClusterStatusFeed, drain: Drain) -> None:
-        self.http, self.websocket, self.drain = http, websocket, drain
+    def __init__(self, http, websocket: ClusterStatusFeed, drain: Drain, auth: Authenticator) -> None:
+        self.http, self.websocket, self.drain, self.auth = http, websocket, drain, auth
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "websocket":
@@ -242,10 +242,10 @@ class _Served:
 
 def create_asgi(settings: Settings | None = None) -> _Served:
     settings = settings or Settings.from_env()
-    drain, registry = Drain(), ModelRegistry(settings)
-    http = DisconnectAware(create_app(settings, registry, drain))
-    feed = ClusterStatusFeed(registry, Authenticator(settings), server_version=settings.server_version)
-    return _Served(http, feed, drain)
+    drain, registry, auth = Drain(), ModelRegistry(settings), Authenticator(settings)
+    http = DisconnectAware(create_app(settings, registry, drain, auth))
+    feed = ClusterStatusFeed(registry, auth, server_version=settings.server_version)
+    return _Served(http, feed, drain, auth)
 
 
 

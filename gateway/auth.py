@@ -1,9 +1,9 @@
-"""Bearer / x-api-key authentication for the inference routes (docs/contract.md, "Auth")."""
+"""Bearer / x-api-key authentication for the inference routes (docs/contract.md, "Auth"), and the tenant
+each request belongs to (gateway/auth_tokens.py)."""
 
 from __future__ import annotations
 
-import hmac
-
+from gateway.auth_tokens import ANONYMOUS, Tenant, TokenTable, load_secret
 from gateway.errors import ServerMisconfigured, Unauthorized
 from gateway.settings import Settings
 
@@ -30,24 +30,32 @@ def _bearer(header: str | None) -> str | None:
 class Authenticator:
     def __init__(self, settings: Settings) -> None:
         self.mode = settings.auth_mode
-        self.tokens = [t.encode() for t in settings.auth_tokens]
         self.open_paths = OPEN_PATHS | (OPERATIONAL_PATHS if settings.auth_exempt_operational else frozenset())
+        self.tokens: TokenTable | None = None
+        if self.mode != "none":
+            self.tokens = TokenTable(settings.auth_tokens, settings.auth_tokens_file,
+                                     load_secret(settings.tenant_secret_file),
+                                     salted=settings.prefix_cache_scope == "tenant")
 
-    def check(self, path: str, authorization: str | None, api_key: str | None) -> None:
-        if path in self.open_paths or self.mode == "none":
-            return
-        if self.mode not in ENABLED_MODES or not self.tokens:
+    def check(self, path: str, authorization: str | None, api_key: str | None) -> Tenant:
+        """The request's tenant; raises 401 (or 500 when auth is on with no keys). With auth off, and on the open
+        paths, every client is the one anonymous tenant."""
+        if path in self.open_paths or self.tokens is None:
+            return ANONYMOUS
+        if self.mode not in ENABLED_MODES or not len(self.tokens):
             raise ServerMisconfigured("Gateway auth enabled but no tokens configured")
         presented = [t for t in (_bearer(authorization), (api_key or "").strip() or None) if t is not None]
         if not presented:
             raise Unauthorized("Missing Authorization header")
-        # either valid token admits (docs/contract.md, "Decisions" 2); credentials that match none are a 401
-        if not any(self._known(token) for token in presented):
+        # either valid token admits (docs/contract.md, "Decisions" 2); credentials that match none are a 401.
+        # Both valid: the Authorization header's key names the tenant.
+        tenants = [self.tokens.tenant_for(token) for token in presented]
+        tenant = next((t for t in tenants if t is not None), None)
+        if tenant is None:
             raise Unauthorized("Invalid token", token_sent=True)
+        return tenant
 
-    def _known(self, token: str) -> bool:
-        # compare against every configured token, in constant time per comparison
-        matched = False
-        for known in self.tokens:
-            matched |= hmac.compare_digest(token.encode(), known)
-        return matched
+    def reload_keys(self) -> None:
+        """SIGHUP (gateway/worker.py): re-read the keys file before the next request."""
+        if self.tokens is not None:
+            self.tokens.reload_soon()

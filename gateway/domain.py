@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -69,6 +69,9 @@ class GenerationRequest:
     images: tuple[ImageInput, ...] = ()
     routing_key: str | None = None
     prompt_cache_key: str | None = None
+    # the `cache_salt` Triton input: the tenant's prefix-cache scope, set per endpoint by the service (never in a
+    # repr, so never in a log line)
+    cache_salt: str | None = field(default=None, repr=False)
     options: dict[str, Any] | None = None
     profile: str | None = None  # "model:profile" suffix
     # Request path of the first image (`images` or `messages[i].content[j].type`), so a model

@@ -22,9 +22,9 @@ def route_name(path: str) -> str:
 
 
 class RequestContextMiddleware:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, auth: Authenticator | None = None) -> None:
         self.settings = settings
-        self.auth = Authenticator(settings)
+        self.auth = auth or Authenticator(settings)
         self._warned_versions: set[str] = set()
 
     async def process_request(self, req, resp) -> None:
@@ -33,7 +33,8 @@ class RequestContextMiddleware:
         resp.set_header("X-SIE-Server-Version", self.settings.server_version)
         resp.set_header("X-SIE-Version", self.settings.server_version)
         self._check_sdk_version(req.get_header("X-SIE-SDK-Version"))
-        self.auth.check(req.path, req.get_header("Authorization"), req.get_header("x-api-key"))
+        # the tenant scopes stored responses and the prefix cache (docs/auth.md)
+        req.context.tenant = self.auth.check(req.path, req.get_header("Authorization"), req.get_header("x-api-key"))
 
     async def process_response(self, req, resp, resource, req_succeeded) -> None:
         """`X-SIE-Served-By` on inference answers, 2xx and 5xx only (a 4xx is the client's, served by nobody):

@@ -34,14 +34,18 @@ class ModelProfile:
     # SHA-256 of the model's served config (its Triton name and `parameters`): `X-SIE-Model-Revision` on buffered
     # native answers, so a client can tell which configuration answered it (docs/contract.md, "Response headers")
     revision: str = field(default="", compare=False)
+    # the model declares the `cache_salt` input (docs/triton-contract.md): it can keep tenants' prefix caches apart
+    cache_salt_input: bool = False
 
     @property
     def sie_id(self) -> str:
         return sie_safe_id(self.name)
 
     @classmethod
-    def from_triton_config(cls, triton_model: str, parameters: dict[str, str]) -> ModelProfile:
-        """Build a profile from a model config's `parameters` (string values, as Triton stores them)."""
+    def from_triton_config(cls, triton_model: str, parameters: dict[str, str],
+                           inputs: frozenset[str] = frozenset()) -> ModelProfile:
+        """Build a profile from a model config's `parameters` (string values, as Triton stores them) and the names
+        of the inputs it declares."""
 
         def csv(key: str) -> frozenset[str]:
             raw = parameters.get(key, "")
@@ -62,6 +66,7 @@ class ModelProfile:
             default_temperature=_number(sampling.get("temperature")),
             default_top_p=_number(sampling.get("top_p")),
             revision=hashlib.sha256(json.dumps([triton_model, parameters], sort_keys=True).encode()).hexdigest(),
+            cache_salt_input="cache_salt" in inputs,
         )
 
 

@@ -91,11 +91,11 @@ class ModelRegistry:
             endpoint.models = {}
             return
         models, not_ready, loading = {}, set(), set()
-        for name, state, params in listed:
+        for name, state, params, inputs in listed:
             if state == "READY" and name in endpoint.withdrawn:
                 not_ready.add(name)  # Triton still says READY about a dead process (until it is reloaded)
             elif state == "READY":
-                profile = ModelProfile.from_triton_config(name, params)
+                profile = ModelProfile.from_triton_config(name, params, inputs)
                 models[profile.name] = profile
                 self._served_as[name] = profile
             else:

@@ -7,8 +7,11 @@ are reused, so the file stays near the cap). Replicas share it by pointing `SIE_
 file on a volume they all mount with working POSIX locks (README: "What is stored").
 
 A row is the finished Response object and the conversation that produced it (input items as wire
-messages, then the answer), which is what `previous_response_id` replays. sqlite3 blocks, so every call
-runs in a thread, never on the event loop.
+messages, then the answer), which is what `previous_response_id` replays, and its owner: the tenant of the key that
+made it (gateway/auth_tokens.py), never the key. Every read and delete names the owner, so a row of another
+tenant is exactly as absent as one never stored. Rows from a store file older than owners have none (NULL): they
+match no owner, so nobody reads, continues or deletes them, and they leave with the TTL and the bounds.
+sqlite3 blocks, so every call runs in a thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
     response BLOB NOT NULL,
-    conversation BLOB NOT NULL
+    conversation BLOB NOT NULL,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS responses_created_at ON responses (created_at);
 """
@@ -58,17 +62,20 @@ class ResponseStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
+            _add_owner_column(conn)
             self._conn = conn
         return self._conn
 
-    async def put(self, response_id: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        await asyncio.to_thread(self._put, response_id, response, conversation)
+    async def put(self, response_id: str, response: dict[str, Any], conversation: list[dict[str, Any]], *,
+                  owner: str) -> None:
+        await asyncio.to_thread(self._put, response_id, response, conversation, owner)
 
-    async def get(self, response_id: str) -> StoredResponse | None:
-        return await asyncio.to_thread(self._get, response_id)
+    async def get(self, response_id: str, *, owner: str) -> StoredResponse | None:
+        """The row, if `owner` owns it; another owner's row is None, as a missing one."""
+        return await asyncio.to_thread(self._get, response_id, owner)
 
-    async def delete(self, response_id: str) -> bool:
-        return await asyncio.to_thread(self._delete, response_id)
+    async def delete(self, response_id: str, *, owner: str) -> bool:
+        return await asyncio.to_thread(self._delete, response_id, owner)
 
     def close(self) -> None:
         with self._lock:
@@ -76,14 +83,16 @@ class ResponseStore:
                 self._conn.close()
                 self._conn = None
 
-    def _put(self, response_id: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    def _put(self, response_id: str, response: dict[str, Any], conversation: list[dict[str, Any]],
+             owner: str) -> None:
         now = time.time()
         with self._lock:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
-                             (response_id, now, orjson.dumps(response), orjson.dumps(conversation)))
+                conn.execute("INSERT OR REPLACE INTO responses (id, created_at, response, conversation, owner) "
+                             "VALUES (?, ?, ?, ?, ?)",
+                             (response_id, now, orjson.dumps(response), orjson.dumps(conversation), owner))
                 self._prune(conn, now)
                 conn.execute("COMMIT")
             except BaseException:
@@ -108,19 +117,34 @@ class ResponseStore:
         (size,) = conn.execute("PRAGMA page_size").fetchone()
         return int((pages - free) * size)
 
-    def _get(self, response_id: str) -> StoredResponse | None:
+    def _get(self, response_id: str, owner: str) -> StoredResponse | None:
         with self._lock:
             row = self._connection().execute(
-                "SELECT response, conversation FROM responses WHERE id = ? AND created_at >= ?",
-                (response_id, time.time() - self.ttl_s)).fetchone()
+                "SELECT response, conversation FROM responses WHERE id = ? AND owner = ? AND created_at >= ?",
+                (response_id, owner, time.time() - self.ttl_s)).fetchone()
         if row is None:
             return None
         return StoredResponse(orjson.loads(row[0]), orjson.loads(row[1]))
 
-    def _delete(self, response_id: str) -> bool:
+    def _delete(self, response_id: str, owner: str) -> bool:
         with self._lock:
-            cursor = self._connection().execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            cursor = self._connection().execute("DELETE FROM responses WHERE id = ? AND owner = ?",
+                                                (response_id, owner))
         return cursor.rowcount > 0
+
+
+def _add_owner_column(conn: sqlite3.Connection) -> None:
+    """A store file from before owners: add the column (its rows keep NULL, nobody's). In one write transaction,
+    so two workers opening the same old file do not both add it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
+        if "owner" not in columns:
+            conn.execute("ALTER TABLE responses ADD COLUMN owner TEXT")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def open_store(path: str | None, **bounds: Any) -> ResponseStore | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.errors import (
     InvalidRequest,
@@ -27,6 +27,9 @@ class RoutingHints:
     machine_profile: str | None = None
     forbid_remote: bool = False
     affinity_key: str | None = None  # routing_key or prompt_cache_key
+    # the tenant's prefix-cache salt (gateway/auth_tokens.py), sent to endpoints whose model takes it; None: the
+    # shared cache. Out of the repr: it has no business in a log line.
+    cache_salt: str | None = field(default=None, repr=False)
 
 
 def parse_pool(value: str | None) -> str | None:

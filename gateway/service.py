@@ -210,7 +210,7 @@ class GenerationService:
         deadline = started + timeouts.overall_s
         last_error: GatewayError | None = None
         for endpoint in self.router.candidates(profile, hints):
-            stream = endpoint.client.generate(profile.triton_model, req, request_id)
+            stream = endpoint.client.generate(profile.triton_model, _scoped(req, hints, endpoint, profile), request_id)
             endpoint.outstanding += 1
             try:
                 timeout = min(timeouts.first_chunk_s, deadline - started)
@@ -273,6 +273,15 @@ def _on_the_wire(req: GenerationRequest) -> GenerationRequest:
     if req.stream or (req.options or {}).get("inter_chunk_timeout_s") is None:
         return req
     return dataclasses.replace(req, stream=True)
+
+
+def _scoped(req: GenerationRequest, hints: RoutingHints, endpoint: Endpoint, profile: ModelProfile
+            ) -> GenerationRequest:
+    """The request with its tenant's prefix-cache salt, where the endpoint's model declares the `cache_salt` input
+    (a model that does not would refuse the request; its cache is then shared, docs/auth.md)."""
+    if hints.cache_salt is None or not endpoint.models.get(profile.name, profile).cache_salt_input:
+        return req
+    return dataclasses.replace(req, cache_salt=hints.cache_salt)
 
 
 def attempt_id(request_id: str, endpoint: Endpoint) -> str:

@@ -12,6 +12,9 @@ import yaml
 VERSION = "0.10.1"  # SIE wire-contract version we implement (the SDK warns on major/minor skew)
 # relative to the gateway's working directory; `off` disables storing (then `store: true` is a 400)
 DEFAULT_RESPONSES_STORE = ".cache/sie-gateway/responses.sqlite3"
+# the HMAC secret behind key-derived tenants (gateway/auth_tokens.py); replicas that share a store share it too
+DEFAULT_TENANT_SECRET = ".cache/sie-gateway/tenant.secret"
+PREFIX_CACHE_SCOPES = ("tenant", "global")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class Settings:
     auth_mode: str = "none"
     auth_tokens: tuple[str, ...] = ()
     auth_exempt_operational: bool = False
+    auth_tokens_file: str | None = None  # keys (and their tenants), re-read on change or SIGHUP; docs/auth.md
+    tenant_secret_file: str | None = None  # None: a per-process secret (tests); from_env always names a file
+    prefix_cache_scope: str = "tenant"  # "global": one prefix cache shared by every key (single-tenant deployments)
     default_max_tokens: int = 1024
     chat_body_limit: int = 16 * 1024 * 1024
     generate_body_limit: int = 24 * 1024 * 1024
@@ -64,11 +70,17 @@ class Settings:
         env = dict(os.environ if env is None else env)
         pools = _pools_from(env)
         tokens = env.get("SIE_AUTH_TOKENS") or env.get("SIE_AUTH_TOKEN") or ""
+        scope = env.get("SIE_PREFIX_CACHE_SCOPE", "tenant").strip().lower() or "tenant"
+        if scope not in PREFIX_CACHE_SCOPES:
+            raise ValueError(f"SIE_PREFIX_CACHE_SCOPE must be one of {', '.join(PREFIX_CACHE_SCOPES)}, got {scope!r}")
         return cls(
             pools=pools,
             auth_mode=env.get("SIE_AUTH_MODE", "none").strip().lower() or "none",
             auth_tokens=tuple(t.strip() for t in tokens.split(",") if t.strip()),
             auth_exempt_operational=env.get("SIE_AUTH_EXEMPT_OPERATIONAL", "").lower() in ("1", "true", "yes"),
+            auth_tokens_file=env.get("SIE_AUTH_TOKENS_FILE") or None,
+            tenant_secret_file=env.get("SIE_TENANT_SECRET_FILE") or DEFAULT_TENANT_SECRET,
+            prefix_cache_scope=scope,
             default_max_tokens=int(env.get("SIE_GATEWAY_DEFAULT_MAX_TOKENS", "1024")),
             chat_body_limit=int(env.get("SIE_GATEWAY_CHAT_BODY_LIMIT", str(16 * 1024 * 1024))),
             generate_body_limit=int(env.get("SIE_GATEWAY_GENERATE_BODY_LIMIT", str(24 * 1024 * 1024))),

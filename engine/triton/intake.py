@@ -1,4 +1,5 @@
-"""The slow lane of request intake: what can take seconds runs off Triton's one request thread.
+"""Request intake: the `cache_salt` input's check, and the slow lane, where what can take seconds runs off Triton's
+one request thread.
 
 Why: `execute()` runs on the stub's only request thread, so a 21 s grammar compile or the decode of sixteen large
 images there delayed every request behind it. A request that needs either is prepared here
@@ -17,6 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from engine.errors import EngineError, QueueFull
 
 log = logging.getLogger(__name__)
+
+CACHE_SALT_MAX_CHARS = 256
+
+
+def checked_cache_salt(value: str | None) -> str | None:
+    """The `cache_salt` input (the tenant's prefix-cache scope; absent: the shared cache). Its value is never put in
+    an error message or a log line: it identifies a tenant."""
+    if value is None:
+        return None
+    if not 0 < len(value) <= CACHE_SALT_MAX_CHARS:
+        raise EngineError("invalid_request", f"cache_salt must be 1 to {CACHE_SALT_MAX_CHARS} characters, "
+                          f"got {len(value)}", "cache_salt")
+    return value
 
 
 class SlowLane:

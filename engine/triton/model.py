@@ -27,7 +27,7 @@ from engine.llm_engine import EngineConfig, LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.triton.cancel_probe import CancelProbe, ProbeRate
-from engine.triton.intake import SlowLane
+from engine.triton.intake import SlowLane, checked_cache_salt
 from engine.triton.metrics import EngineMetrics
 from engine.triton.outbox import coalesce
 from engine.triton.reply import FLAG_INPUTS, Reply
@@ -201,6 +201,7 @@ class TritonPythonModel:
         token_ids = None if ids_tensor is None else [int(t) for t in ids_tensor.as_numpy().reshape(-1)]
         reply.configure(_input_flags(request), text_input if messages is None else None)
         request_id, stream = request.request_id() or "", _input_bool(request, "stream")
+        cache_salt = checked_cache_salt(_input_str(request, "cache_salt"))
         is_cancelled = CancelProbe(request.is_cancelled, self.cancel_rate)  # a server round trip: rate-limited
 
         def build() -> EngineRequest:
@@ -215,6 +216,7 @@ class TritonPythonModel:
                 is_cancelled=is_cancelled,
                 grammar=self.engine.grammar_factory(params),
                 prompt_param="messages" if messages is not None else "prompt",
+                cache_salt=cache_salt,
             )
 
         return build, bool(images) or params.grammar is not None or params.forces_tool_call

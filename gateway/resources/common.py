@@ -22,6 +22,7 @@ def routing_hints(req, greq: GenerationRequest | None, model_profile: str | None
         pool=pool or header_pool,
         machine_profile=machine_profile or (model_profile if model_profile not in (None, "default") else None),
         forbid_remote=remote_forbidden(req),
+        cache_salt=req.context.tenant.cache_salt,
     )
     req.context.machine_profile = hints.machine_profile or "default"  # the request metrics' label
     return hints if greq is None else with_affinity(hints, greq)

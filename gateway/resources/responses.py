@@ -46,7 +46,8 @@ class ResponsesResource:
             raise InvalidRequest(f"'store: true' {_NO_STORE}; send 'store: false'", param="store")
         # OpenAI's default is to store: with a store configured, only an explicit `store: false` opts out
         store = self.store if request.store is not False else None
-        history = await self._history(job)
+        owner = req.context.tenant.owner  # a stored response belongs to the tenant of the key that made it
+        history = await self._history(job, owner)
         greq, profile, machine_profile = await self.service.resolve(job.generation_request(history),
                                                                   forbid_remote=remote_forbidden(req))
         check_reasoning_effort(request, profile)
@@ -67,24 +68,25 @@ class ResponsesResource:
             frames = sse_stream(session.events(), renderer, self.settings.keepalive_interval_s,
                                 req.scope.get("sie.watch_disconnect"), self.settings.stream_buffer_events,
                                 named_events=True)
-            resp.stream = _store_before_terminal(frames, renderer, store, conversation)
+            resp.stream = _store_before_terminal(frames, renderer, store, conversation, owner)
             return
         result = await collect_or_cancel(session.collect(), req)
         response = render_response(shape, result)
         if store is not None:
-            await store.put(shape.id, response, conversation + output_messages(response))
+            await store.put(shape.id, response, conversation + output_messages(response), owner=owner)
         resp.content_type = "application/json"
         resp.data = orjson.dumps(response)
 
-    async def _history(self, job: ResponsesJob) -> tuple[dict[str, Any], ...]:
-        """The conversation `previous_response_id` continues: its input and its answer, tool items included."""
+    async def _history(self, job: ResponsesJob, owner: str) -> tuple[dict[str, Any], ...]:
+        """The conversation `previous_response_id` continues: its input and its answer, tool items included.
+        Another tenant's response is not found, in the same words as one that never existed."""
         previous = job.request.previous_response_id
         if previous is None:
             return ()
         if self.store is None:
             raise InvalidRequest(f"'previous_response_id' {_NO_STORE}; send the whole conversation as 'input'",
                                  param="previous_response_id")
-        stored = await self.store.get(previous)
+        stored = await self.store.get(previous, owner=owner)
         if stored is None:
             raise InvalidRequest(f"previous response '{previous}' was not found (never stored, deleted or expired)",
                                  param="previous_response_id")
@@ -92,7 +94,7 @@ class ResponsesResource:
 
 
 async def _store_before_terminal(frames: AsyncIterator[bytes], renderer: ResponsesStreamRenderer,
-                                 store: ResponseStore | None, conversation: list[dict[str, Any]]
+                                 store: ResponseStore | None, conversation: list[dict[str, Any]], owner: str
                                  ) -> AsyncIterator[bytes]:
     """Store the final object before the client reads the terminal event, so a follow-up request that
     names this response (right after `response.completed`) always finds it."""
@@ -102,14 +104,15 @@ async def _store_before_terminal(frames: AsyncIterator[bytes], renderer: Respons
             pending = False
             response = renderer.final_response
             try:
-                await store.put(response["id"], response, conversation + output_messages(response))
+                await store.put(response["id"], response, conversation + output_messages(response), owner=owner)
             except Exception:  # the answer is already streaming: say so in the log, finish the stream
                 log.exception("could not store response %s", response["id"])
         yield chunk
 
 
 class StoredResponseResource:
-    """GET (retrieve) and DELETE on `/v1/responses/{response_id}`."""
+    """GET (retrieve) and DELETE on `/v1/responses/{response_id}`, for the tenant that owns it: to any other, the
+    same 404 as an id never stored."""
 
     def __init__(self, store: ResponseStore | None) -> None:
         self.store = store
@@ -120,14 +123,14 @@ class StoredResponseResource:
         return self.store
 
     async def on_get(self, req, resp, response_id: str) -> None:
-        stored = await self._store().get(response_id)
+        stored = await self._store().get(response_id, owner=req.context.tenant.owner)
         if stored is None:
             raise NotFound(f"response '{response_id}' was not found", param="response_id")
         resp.content_type = "application/json"
         resp.data = orjson.dumps(stored.response)
 
     async def on_delete(self, req, resp, response_id: str) -> None:
-        if not await self._store().delete(response_id):
+        if not await self._store().delete(response_id, owner=req.context.tenant.owner):
             raise NotFound(f"response '{response_id}' was not found", param="response_id")
         resp.content_type = "application/json"
         resp.data = orjson.dumps({"id": response_id, "object": "response", "deleted": True})

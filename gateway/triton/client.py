@@ -214,16 +214,18 @@ class TritonClient:
         await self.stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name=triton_model),
                                             timeout=_LOAD_TIMEOUT_S)
 
-    async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
-        """(name, state, parameters) for every model in the repository index."""
+    async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str], frozenset[str]]]:
+        """(name, state, parameters, declared input names) for every model in the repository index."""
         index = await self.stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=timeout)
         models = []
         for entry in index.models:
             params: dict[str, str] = {}
+            inputs: frozenset[str] = frozenset()
             if entry.state == "READY":
                 config = await self.stub.ModelConfig(service_pb2.ModelConfigRequest(name=entry.name), timeout=timeout)
                 params = {k: v.string_value for k, v in config.config.parameters.items()}
-            models.append((entry.name, entry.state, params))
+                inputs = frozenset(tensor.name for tensor in config.config.input)
+            models.append((entry.name, entry.state, params, inputs))
         return models
 
 

@@ -49,6 +49,8 @@ def encode_request(triton_model: str, req: GenerationRequest, request_id: str) -
     request.raw_input_contents.append(b"\x01" if req.stream else b"\x00")
     if req.images:
         _bytes_tensor(request, "images", [img.data for img in req.images])
+    if req.cache_salt is not None:
+        _bytes_tensor(request, "cache_salt", [req.cache_salt.encode()])
     return request
 
 

@@ -92,16 +92,17 @@ class FakeTriton:
         self.down = False  # list_models fails like an unreachable Triton
         self.listed = 0  # list_models calls
         self.dead: set[str] = set()  # Triton models whose process is dead (probe answers False)
+        self.inputs = frozenset({"text_input", "messages", "sampling_parameters", "stream", "cache_salt"})
         self.reloads: list[str] = []
         self.calls: list[Call] = []
         self.tokenizer_calls: list[TokenizerTask] = []
         self.closed = False
 
-    async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str]]]:
+    async def list_models(self, timeout: float = 5.0) -> list[tuple[str, str, dict[str, str], frozenset[str]]]:
         self.listed += 1
         if self.down:
             raise UpstreamUnavailable("Triton is unavailable (unavailable)")
-        return [(name, state, dict(params)) for name, state, params in self.models]
+        return [(name, state, dict(params), self.inputs) for name, state, params in self.models]
 
     async def close(self) -> None:
         self.closed = True
