@@ -15,6 +15,7 @@ import torch
 from engine.core.engine_core import EngineCore
 from engine.core.inbox import Inbox
 from engine.core.postprocess import OutputPostprocessor
+from engine.core.slots import BLOCK_TOKENS
 from engine.core.stats import EngineStats
 from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, is_device_fault
@@ -235,6 +236,14 @@ class LLMEngine:
     def step_timing(self) -> StepTiming:
         """Where the pure decode steps' time goes, by phase (engine/core/step_timing.py), for its metrics."""
         return self.core.timing
+
+    @property
+    def cache_config(self) -> dict[str, str]:
+        """vLLM's cache_config_info labels: the KV block size and the number of blocks, and whether prefix caching
+        is on (what KV-aware routers read)."""
+        scheduler = self.core.scheduler
+        return {"block_size": str(BLOCK_TOKENS), "num_gpu_blocks": str(scheduler.slots.budget_blocks),
+                "enable_prefix_caching": str(scheduler.prefix_cache is not None).lower()}
 
     @property
     def num_waiting(self) -> int:

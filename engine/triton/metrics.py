@@ -63,6 +63,10 @@ class EngineMetrics:
                                "KV blocks in use by running requests over all KV blocks (0..1)"),
         }
         self._counters = {attr: self._metric(self._kinds.COUNTER, name, doc) for name, (attr, doc) in COUNTERS.items()}
+        # vLLM's cache_config_info: KV-aware routers and autoscalers read the block size and count from its labels
+        self._cache_info = self._metric(gauge, "sie_engine_cache_config_info", "KV cache configuration (value 1)",
+                                        **engine.cache_config)
+        self._cache_info.set(1)
         # one series per reason from the start (stop, length, error, cancelled): a rate needs its zero
         self._finished = {reason: self._finished_metric(reason) for reason in engine.stats.finished}
         self._histograms = {

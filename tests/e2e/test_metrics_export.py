@@ -69,3 +69,7 @@ def test_engine_metrics_carry_the_model_label_and_vllm_buckets(stack):
     bounds = [float(re.search(r'le="([^"]+)"', line).group(1)) for line in ttft]
     assert bounds[:3] == [0.001, 0.005, 0.01] and bounds[-2:] == [2560.0, float("inf")]
     assert "sie_engine_ttft_seconds_last" not in samples and "sie_engine_tpot_seconds_last" not in samples
+    # vLLM's cache_config_info, which KV-aware routers read: the block size and the KV budget in blocks
+    (info,) = [line for line in samples["sie_engine_cache_config_info"] if 'model="smollm2_135m_instruct"' in line]
+    assert 'block_size="16"' in info and int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1)) > 0
+    assert any('model="smollm2_135m_instruct"' in line for line in samples["sie_engine_num_preemptions_total"])

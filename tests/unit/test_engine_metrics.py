@@ -150,6 +150,7 @@ class FakeEngine:
         self.stats = EngineStats(kv_budget=100)
         self.step_timing = StepTiming()
         self.num_waiting = 0
+        self.cache_config = {"block_size": "16", "num_gpu_blocks": "100", "enable_prefix_caching": "true"}
 
 
 @pytest.fixture
@@ -172,6 +173,7 @@ def test_gauges_counters_and_histograms_with_the_model_label(exported):
     assert backend.value("sie_engine_num_requests_waiting", model="m1") == 3
     assert backend.value("sie_engine_num_requests_running", model="m1") == 2
     assert backend.value("sie_engine_kv_cache_usage_perc", model="m1") == 0.25
+    assert backend.value("sie_engine_cache_config_info", model="m1", block_size="16", num_gpu_blocks="100") == 1
     assert backend.value("sie_engine_generation_tokens_total", model="m1") == 7
     assert backend.value("sie_engine_prefix_cache_hits_total", model="m1") == 16
     assert backend.value("sie_engine_request_success_total", finished_reason="stop") == 1
