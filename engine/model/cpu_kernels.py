@@ -54,7 +54,7 @@ def _put_ninja_on_path() -> None:
 @functools.cache
 def available() -> bool:
     """Build (once) and load the ops; False where they cannot run here (no AVX2/FMA, no compiler, a failed build)."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):  # torch's AVX2 level includes FMA
+    if not supported_here():  # torch's AVX2 level includes FMA
         return False
     if hasattr(torch.ops.sie_kernels, "silu_mul"):
         return True
@@ -72,6 +72,15 @@ def available() -> bool:
     return hasattr(torch.ops.sie_kernels, "silu_mul")
 
 
+def supported_here() -> bool:
+    """Whether this CPU can run the ops at all (AVX2 with FMA, or AVX-512): where it can, a failed build is a
+    broken install, not a fallback."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
 if __name__ == "__main__":  # `make install`: build the ops ahead, so the first model load does not wait for them
     logging.basicConfig(level=logging.INFO)
-    print(f"CPU kernels: {'built' if available() else 'unavailable'} ({_build_dir()})")
+    built = available()
+    print(f"CPU kernels: {'built' if built else 'unavailable'} ({_build_dir()})")
+    if supported_here() and not built:
+        sys.exit("the CPU kernels did not build on a CPU that runs them: see the warning above")

@@ -1,13 +1,17 @@
-"""The linear (GEMM) path of the CPU forward, chosen at load by the instruction set and a quick measurement.
+"""The linear (GEMM) path of the CPU forward, chosen at load from the instruction set and the weights' dtype.
 
 Why: the torch wheel's MKL picks its kernels by CPU vendor, and on AMD it takes an AVX2 path for the small-row
 GEMMs of batched decode, even on AVX-512 parts (docs/cpu-decode.md). oneDNN (bundled with torch) picks its
 kernels by ISA (brgemm with avx512_core / avx512_core_bf16 / AMX where present) and, with weights prepacked into
 its blocked layout once at load (as inductor's `mkldnn._linear_pointwise` does), runs those GEMMs much faster there.
 Our own tiled kernel (engine.model.tiled_linear) beats both at decode's row counts, and its rows do not depend on
-their batch. Which one wins depends on the CPU, so the forward asks `choose_kind` once: the ISA sets the
-default (tiled, else oneDNN, on AVX-512; F.linear otherwise) and a quick timing of each on the model's own weight
-shapes overturns it on a clear loss. `SIE_LINEAR_KERNEL=mkl|dnnl|tiled` overrides the choice.
+their batch. The forward asks `choose_kind` once, and the answer depends only on the CPU's features and the
+weights' dtype, never on a timing at load: tiled where it runs, else oneDNN, on AVX-512; F.linear otherwise. So the
+same box always takes the same path, and with it the same activation dtype, KV memory and batch invariance (in
+bf16 the tiled kernel is what keeps activations and KV in fp32, engine.model.decoder). `SIE_LINEAR_KERNEL=
+mkl|dnnl|tiled` forces a kind; `SIE_LINEAR_KERNEL=timed` lets a quick timing of each kind on the model's own weight
+shapes overturn the ISA's choice on a clear loss, and logs what it chose and why (a box whose MKL or oneDNN build
+is unusually fast or slow; the guarantees are then those of the kind it logs).
 
 Kinds: "torch" (plain F.linear; GPU and CPUs without oneDNN), "mkl" (F.linear on CPU), "dnnl" (prepacked oneDNN),
 "tiled" (column tiles, our kernel: fp32, and bf16 where the CPU has AVX512_BF16). A
@@ -136,30 +140,38 @@ def measure(weights: list[torch.Tensor], rows: tuple[int, ...] = (1, 8), rounds:
     return best
 
 
+def by_isa(kinds: list[str]) -> str:
+    """The ISA's choice among the kinds that run here: our tiled kernel, else oneDNN's brgemm, where AVX-512 is
+    present; F.linear otherwise (on AVX2, MKL's own AVX2 kernels are as good and need no packing)."""
+    if cpu_isa().startswith("AVX512"):
+        return "tiled" if "tiled" in kinds else "dnnl" if "dnnl" in kinds else "mkl"
+    return "mkl"
+
+
 def choose_kind(device: torch.device, weights: list[torch.Tensor]) -> str:
     """The linear path for a forward on `device` whose per-layer weights are `weights` (one layer's worth)."""
     forced = os.environ.get("SIE_LINEAR_KERNEL", "auto").strip().lower()
     if device.type != "cpu":
         return "torch"
-    kinds = _kinds_here(weights[0].dtype)
+    dtype = weights[0].dtype
+    kinds = _kinds_here(dtype)
     if forced in KINDS[1:]:
         if forced not in kinds:
-            log.warning("SIE_LINEAR_KERNEL=%s cannot run here (%s weights); using mkl", forced, weights[0].dtype)
+            log.warning("SIE_LINEAR_KERNEL=%s cannot run here (%s weights); using mkl", forced, dtype)
         return forced if forced in kinds else "mkl"
-    if len(kinds) == 1:
-        return "mkl"
+    kind = by_isa(kinds)
+    if forced != "timed" or len(kinds) == 1:
+        log.info("linear kernel %s (ISA %s, %s weights; runs here: %s)", kind, cpu_isa(), dtype, ", ".join(kinds))
+        return kind
     try:
         times = measure(weights, kinds=kinds)
     except RuntimeError as exc:  # a oneDNN build without this op or dtype: stay on F.linear
         log.warning("oneDNN linear unavailable (%s); using F.linear", exc)
         return "mkl"
-    # the ISA sets the default (our tiled kernel, else oneDNN's brgemm, where AVX-512 is present); the measurement
-    # overturns it only on a clear loss, so a noisy moment at load cannot flip a box to its slower path
-    prior = "mkl"
-    if cpu_isa().startswith("AVX512"):
-        prior = "tiled" if "tiled" in times else "dnnl"
+    # the measurement overturns the ISA's choice only on a clear loss, so a noisy moment at load cannot flip a box
+    # to its slower path
     fastest = min(times, key=times.__getitem__)
-    kind = fastest if times[fastest] < _WIN_FACTOR * times[prior] else prior
-    log.info("linear kernel %s (ISA %s; one layer at 1+8 rows: %s)", kind, cpu_isa(),
+    chosen = fastest if times[fastest] < _WIN_FACTOR * times[kind] else kind
+    log.info("linear kernel %s, timed (ISA %s would take %s; one layer at 1+8 rows: %s)", chosen, cpu_isa(), kind,
              ", ".join(f"{k} {t * 1e3:.2f} ms" for k, t in times.items()))
-    return kind
+    return chosen

@@ -139,11 +139,31 @@ def test_override_and_device(monkeypatch):
     ("AVX512", {"mkl": 1.0, "dnnl": 0.5, "tiled": 1.0}, "dnnl"),
     ("AVX2", {"mkl": 1.0, "dnnl": 0.8, "tiled": 0.6}, "tiled"),  # the fastest of the clear winners
 ])
-def test_auto_choice_isa_default_overturned_by_a_clear_loss(monkeypatch, isa, times, expected):
-    monkeypatch.delenv("SIE_LINEAR_KERNEL", raising=False)
+def test_timed_choice_isa_default_overturned_by_a_clear_loss(monkeypatch, isa, times, expected):
+    monkeypatch.setenv("SIE_LINEAR_KERNEL", "timed")
     monkeypatch.setattr(linear_kernels, "cpu_isa", lambda: isa)
     monkeypatch.setattr(linear_kernels, "_kinds_here", lambda dtype: list(times))
     monkeypatch.setattr(linear_kernels, "measure", lambda weights, kinds: {k: times[k] for k in kinds})
+    assert choose_kind(torch.device("cpu"), [torch.randn(32, 16)]) == expected
+
+
+@pytest.mark.parametrize(("isa", "kinds", "expected"), [
+    ("AVX512", ["mkl", "dnnl", "tiled"], "tiled"),
+    ("AVX512", ["mkl", "dnnl"], "dnnl"),
+    ("AVX512", ["mkl"], "mkl"),
+    ("AVX2", ["mkl", "dnnl", "tiled"], "mkl"),
+])
+def test_the_default_choice_follows_the_isa_and_never_a_timing(monkeypatch, isa, kinds, expected):
+    """Loaded twice on one box, a model takes the same path: its activation dtype, KV memory and batch invariance
+    must not depend on what else ran while it loaded."""
+    monkeypatch.delenv("SIE_LINEAR_KERNEL", raising=False)
+    monkeypatch.setattr(linear_kernels, "cpu_isa", lambda: isa)
+    monkeypatch.setattr(linear_kernels, "_kinds_here", lambda dtype: list(kinds))
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("the default choice timed the kernels")
+
+    monkeypatch.setattr(linear_kernels, "measure", no_timing)
     assert choose_kind(torch.device("cpu"), [torch.randn(32, 16)]) == expected
 
 
