@@ -110,12 +110,33 @@ def test_no_sharing_across_adapters_or_changed_tokens(cached_scheduler, turns):
     sched = cached_scheduler()
     run_one(sched, "a", turns["a"], greedy(2))
     cache = sched.scheduler.prefix_cache
-    assert cache.lookup(turns["a"], (None, None), touch=False)
-    assert not cache.lookup(turns["a"], ("pirate", None), touch=False)  # another adapter: other K/V
-    assert not cache.lookup(turns["a"], (None, "image-digest"), touch=False)  # image inputs are in the key
+    assert cache.lookup(turns["a"], (None, None, None), touch=False)
+    assert not cache.lookup(turns["a"], ("pirate", None, None), touch=False)  # another adapter: other K/V
+    assert not cache.lookup(turns["a"], (None, "image-digest", None), touch=False)  # image inputs are in the key
+    assert not cache.lookup(turns["a"], (None, None, "tenant"), touch=False)  # and so is the tenant
     changed = list(turns["a"])
     changed[20] += 1  # block 1 differs: only block 0 may be shared
-    assert len(cache.lookup(changed, (None, None), touch=False)) == 1
+    assert len(cache.lookup(changed, (None, None, None), touch=False)) == 1
+
+
+def test_a_tenant_hits_only_its_own_cached_prompts(cached_scheduler, turns):
+    """The request's cache salt (the gateway's tenant) keys the blocks: the same prompt from another tenant is
+    prefilled whole and reports no cached tokens, while the first tenant still hits."""
+    from engine.request import EngineRequest
+
+    sched = cached_scheduler()
+    run = Run(sched)
+
+    def ask(rid: str, salt: str | None) -> int:
+        run.outputs[rid] = []
+        sched.scheduler.add(EngineRequest(rid, turns["a"], greedy(2), run.outputs[rid].append, cache_salt=salt))
+        run.until_done()
+        return run.final(rid).cached_tokens
+
+    assert ask("a1", "tenant-a") == 0
+    assert ask("b1", "tenant-b") == 0
+    assert ask("shared", None) == 0
+    assert ask("a2", "tenant-a") > 0 and ask("b2", "tenant-b") > 0
 
 
 def test_image_inputs_salt_the_key(make_scheduler):
@@ -139,11 +160,11 @@ def test_lru_eviction_stays_within_the_budget(cached_scheduler, turns):
     run_one(sched, "a", turns["a"], greedy(1))
     assert len(cache.blocks) == 4 and not cache.free
     # a long prompt keeps its first blocks (it never evicts its own chain's root)
-    assert len(cache.lookup(turns["c"], (None, None), touch=False)) == 4
+    assert len(cache.lookup(turns["c"], (None, None, None), touch=False)) == 4
     run_one(sched, "o", turns["other"], greedy(1))  # an unrelated prompt: the least recently used go
     assert len(cache.blocks) == 4
-    assert cache.lookup(turns["other"], (None, None), touch=False)
-    assert not cache.lookup(turns["a"], (None, None), touch=False)
+    assert cache.lookup(turns["other"], (None, None, None), touch=False)
+    assert not cache.lookup(turns["a"], (None, None, None), touch=False)
 
 
 def _random_kv_and_pool(decoder) -> tuple[KVCache, PrefixCache]:

@@ -69,6 +69,27 @@ def test_encode_messages_images_and_blocking():
     assert inputs["stream"][2] == b"\x00"
 
 
+def test_a_tenant_salt_is_its_own_input_and_never_in_the_repr():
+    salted = _req(cache_salt="0f1e2d3c4b5a69788796a5b4c3d2e1f0")
+    inputs = _inputs(encode_request("tm", salted, "r"))
+    assert inputs["cache_salt"][:2] == ("BYTES", [1])
+    assert _bytes_items(inputs["cache_salt"][2]) == [b"0f1e2d3c4b5a69788796a5b4c3d2e1f0"]
+    assert "cache_salt" not in _inputs(encode_request("tm", _req(), "r"))  # the shared cache: no input at all
+    assert "0f1e2d3c4b5a" not in repr(salted)
+
+
+def test_the_engine_takes_a_salt_of_1_to_256_characters_and_never_echoes_it():
+    from engine.errors import EngineError
+    from engine.triton.intake import checked_cache_salt
+
+    assert checked_cache_salt(None) is None and checked_cache_salt("t" * 256) == "t" * 256
+    for bad in ("", "secret-tenant" * 20):
+        with pytest.raises(EngineError) as raised:
+            checked_cache_salt(bad)
+        assert raised.value.param == "cache_salt" and raised.value.code == "invalid_request"
+        assert bad == "" or "secret-tenant" not in raised.value.message
+
+
 def test_every_sampling_parameter_the_gateway_sends_is_accepted_by_the_engine():
     """Both sides of the contract: what encode_request writes, SamplingParams.from_dict reads without error."""
     req = _req(
