@@ -4,7 +4,7 @@ One database file, opened by every gunicorn worker (WAL mode: readers never bloc
 response stored by one worker is found by the next request on any other, and after a restart. Bounded:
 rows older than the TTL are dropped, and past the row cap or the byte cap the oldest go first (freed pages
 are reused, so the file stays near the cap). Replicas share it by pointing `SIE_RESPONSES_STORE` at one
-file on a volume they all mount with working POSIX locks (README: "What is stored").
+file on a volume they all mount with working POSIX locks (docs/routes.md, "What is stored").
 
 A row is the finished Response object and the conversation that produced it (input items as wire
 messages, then the answer), which is what `previous_response_id` replays, and its owner: the tenant of the key that

@@ -86,9 +86,9 @@ class Decoder:
         first = self.layers[0]
         self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
                                                                          first.down)]))
-        # The activations' dtype: the weights' own, except bf16 weights on our tiled kernel, which multiplies bf16
-        # and hands back its fp32 accumulators. There the hidden states, norms, attention and the KV cache stay
-        # fp32, on our fp32 kernels, and a row's bits never depend on its batch, as in fp32 (README, "dtype").
+        # The activations' dtype: the weights' own, except bf16 weights on our tiled kernel, which multiplies bf16 and
+        # hands back its fp32 accumulators. There the hidden states, norms, attention and the KV cache stay fp32, on our
+        # fp32 kernels, and a row's bits never depend on its batch, as in fp32 (docs/configuration.md, "dtype").
         mixed = self.linear_kind == "tiled" and self.weight_dtype == torch.bfloat16
         self.dtype = torch.float32 if mixed else self.weight_dtype
         if mixed:

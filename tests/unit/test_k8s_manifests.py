@@ -28,7 +28,7 @@ def rendered(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     assert kubectl, "kubectl (with its built-in kustomize) is needed to render deploy/k8s"
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("auth.env"))
-    (tree / "base" / "auth.env").write_text("SIE_AUTH_TOKENS=tok-a,tok-b\n")  # what the README has you write
+    (tree / "base" / "auth.env").write_text("SIE_AUTH_TOKENS=tok-a,tok-b\n")  # what docs/deploy.md has you write
     out = {}
     for overlay in OVERLAYS:
         result = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / overlay)],
