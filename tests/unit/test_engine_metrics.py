@@ -194,21 +194,35 @@ def test_gauges_counters_and_histograms_with_the_model_label(exported):
     assert not any(name.endswith("_last") for name in backend.families)
 
 
-def _decode_step(timing: StepTiming, batch: int, forward_s: float) -> None:
+class _StepClock:
+    """The step timing's clock, moved by the test: each phase takes exactly what the test says, on any box."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _decode_step(timing: StepTiming, clock: _StepClock, batch: int, forward_s: float) -> None:
     timing.start()
     timing.lap("schedule")
-    time.sleep(forward_s)
+    clock.now += forward_s
     timing.lap("forward")
     timing.end(batch)
 
 
-def test_decode_step_time_by_phase_adds_up_across_batch_sizes(exported):
+def test_decode_step_time_by_phase_adds_up_across_batch_sizes(exported, monkeypatch):
     """The step budget on the served engine: a dashboard divides seconds by phase by the steps."""
+    from engine.core import step_timing
+
+    clock = _StepClock()
+    monkeypatch.setattr(step_timing.time, "perf_counter", clock)
     backend, engine, metrics = exported
     metrics.update()
     assert backend.value("sie_engine_decode_steps_total", model="m1") == 0
-    _decode_step(engine.step_timing, 1, 0.01)
-    _decode_step(engine.step_timing, 8, 0.02)
+    _decode_step(engine.step_timing, clock, 1, 0.01)
+    _decode_step(engine.step_timing, clock, 8, 0.02)
     engine.step_timing.start()  # a step that prefills is not a decode step: not counted
     engine.step_timing.prefilled()
     engine.step_timing.lap("forward")
@@ -216,12 +230,12 @@ def test_decode_step_time_by_phase_adds_up_across_batch_sizes(exported):
     metrics.update()
     assert backend.value("sie_engine_decode_steps_total", model="m1") == 2
     forward = backend.value("sie_engine_decode_step_seconds_total", phase="forward")
-    assert 0.03 <= forward < 0.1
+    assert forward == pytest.approx(0.03)
     assert {m.labels["phase"] for m in backend.families["sie_engine_decode_step_seconds_total"].live()} == set(PHASES)
-    _decode_step(engine.step_timing, 8, 0.02)
+    _decode_step(engine.step_timing, clock, 8, 0.02)
     metrics.update()  # only the growth is added
     assert backend.value("sie_engine_decode_steps_total", model="m1") == 3
-    assert 0.05 <= backend.value("sie_engine_decode_step_seconds_total", phase="forward") < 0.15
+    assert backend.value("sie_engine_decode_step_seconds_total", phase="forward") == pytest.approx(0.05)
 
 
 def test_a_flood_of_timings_is_sampled_not_queued(exported):
