@@ -19,7 +19,7 @@ case "$stage" in
 prepare)
   PY=${PY:-.venv/bin/python}
   mkdir -p "$CARRY/wheels" "$CARRY/tokenizer"
-  # the versions that worked on the device (shared/notes/gpu-device.md)
+  # the versions that worked on the device (cp312 wheels: its Python is 3.12; docs/gpu.md)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
     -d "$CARRY/wheels" xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 \

