@@ -8,6 +8,7 @@ interpreter's LIBDIR goes first on LD_LIBRARY_PATH.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
@@ -124,3 +125,47 @@ def wait_ready(ports: TritonPorts, proc: subprocess.Popen | None = None, timeout
             pass
         time.sleep(0.5)
     raise TimeoutError("tritonserver did not become ready in time")
+
+
+# A model that fails to load (e.g. one the engine refuses) leaves tritonserver running, the model UNAVAILABLE with its
+# reason, and the others serving; without it, one refused model stops the whole server at start.
+KEEP_SERVING_ARGS = ["--exit-on-error=false"]
+
+
+@dataclass
+class ModelState:
+    name: str
+    state: str  # READY, UNAVAILABLE, LOADING, ...
+    reason: str = ""
+
+    @property
+    def first_reason_line(self) -> str:
+        """Triton's reason without the Python traceback that follows it ("Internal: UnsupportedModel: ...")."""
+        return self.reason.split("\n\nAt:", 1)[0].strip()
+
+
+def model_states(ports: TritonPorts) -> list[ModelState]:
+    """Every model of the repository index, with its state and, for a failed load, Triton's reason."""
+    request = urllib.request.Request(f"http://127.0.0.1:{ports.http}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        index = json.load(response)
+    return [ModelState(m["name"], m.get("state", ""), m.get("reason", "")) for m in index]
+
+
+def wait_loaded(ports: TritonPorts, proc: subprocess.Popen | None = None, timeout: float = 300.0) -> list[ModelState]:
+    """Block until every model has loaded or failed to (a server started with KEEP_SERVING_ARGS); their states.
+
+    Unlike `wait_ready` (Triton's strict readiness: every model READY), a refused model does not make this wait
+    out its timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {proc.returncode}")
+        try:  # Triton answers once its start-up loads are over (an empty list: an empty repository)
+            states = model_states(ports)
+            if all(s.state in ("READY", "UNAVAILABLE") for s in states):
+                return states
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("tritonserver did not finish loading its models in time")

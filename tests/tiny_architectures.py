@@ -120,3 +120,24 @@ def ensure_tiny_model(arch: Arch, root: Path) -> Path:
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS, "eos_token_id": [EOS]}))
     (out / ".complete").touch()
     return out
+
+
+def trimmed(ids: list[int]) -> list[int]:
+    """Token ids up to and including the first EOS (the turn end), as a served sequence ends."""
+    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
+
+
+def hf_greedy(path: Path, prompts: list[str], new_tokens: int) -> list[list[int]]:
+    """HF `generate`'s greedy continuation of each prompt, in fp32, up to its first EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                   do_sample=False)
+        out.append(trimmed(generated[0, ids.shape[1]:].tolist()))
+    return out

@@ -14,7 +14,15 @@ torch = pytest.importorskip("torch")
 
 from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from engine.model.support import UnsupportedModel  # noqa: E402
-from tests.tiny_architectures import EOS, REFUSED, SERVED, TOKENIZER_DIR, Arch, ensure_tiny_model  # noqa: E402
+from tests.tiny_architectures import (  # noqa: E402
+    REFUSED,
+    SERVED,
+    TOKENIZER_DIR,
+    Arch,
+    ensure_tiny_model,
+    hf_greedy,
+    trimmed,
+)
 
 from .engine_run import Run, greedy  # noqa: E402
 
@@ -31,24 +39,6 @@ def models(tmp_path_factory):
     return tmp_path_factory.mktemp("tiny-architectures")
 
 
-def _trimmed(ids: list[int]) -> list[int]:
-    return ids[: ids.index(EOS) + 1] if EOS in ids else ids
-
-
-def hf_greedy(path, prompts: list[str]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                   do_sample=False)
-        out.append(_trimmed(generated[0, ids.shape[1]:].tolist()))
-    return out
-
-
 def engine_greedy(path, impl: str) -> tuple[str, list[list[int]]]:
     engine = LLMEngine(EngineConfig(str(path), max_slots=4, max_len=160, prefill_budget=16, threads=2,
                                     prefix_cache_tokens=0, model_impl=impl))
@@ -56,13 +46,13 @@ def engine_greedy(path, impl: str) -> tuple[str, list[list[int]]]:
     for i, prompt in enumerate(PROMPTS):
         run.add(f"r{i}", engine.encode_prompt(prompt), greedy(NEW_TOKENS))
     run.until_done()
-    return type(engine.runner.decoder).__name__, [_trimmed(run.ids(f"r{i}")) for i in range(len(PROMPTS))]
+    return type(engine.runner.decoder).__name__, [trimmed(run.ids(f"r{i}")) for i in range(len(PROMPTS))]
 
 
 @pytest.mark.parametrize("arch", SERVED, ids=[a.name for a in SERVED])
 def test_greedy_tokens_equal_hf_generate(models, arch: Arch):
     path = ensure_tiny_model(arch, models)
-    expected = hf_greedy(path, PROMPTS)
+    expected = hf_greedy(path, PROMPTS, NEW_TOKENS)
     assert all(len(ids) > 4 for ids in expected)  # a model that ends at once would prove little
     kind, ours = engine_greedy(path, "auto")
     assert ours == expected, f"{arch.name} on {kind}"
