@@ -43,8 +43,15 @@ $(VLM_DIR)/.complete: $(MODEL_DIR)/.complete
 
 model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete $(GEMMA_DIR)/.complete  ## SmolLM2, demo adapter, tiny VLM, Gemma 3 (once)
 
-serve: model  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
-	GATEWAY_PORT=$(GATEWAY_PORT) $(PY) -m devstack.serve
+# MODEL=<Hugging Face folder>: that model alone (SERVED_NAME names it; MODEL_KIND=gpu for bf16 on a GPU);
+# MODEL_REPOSITORY=<dir>: a model repository of your own (docs/own-model.md). Neither: model_repository/.
+MODEL ?=
+MODEL_REPOSITORY ?=
+SERVED_NAME ?=
+MODEL_KIND ?= cpu
+serve: $(if $(MODEL)$(MODEL_REPOSITORY),install,model)  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
+	GATEWAY_PORT=$(GATEWAY_PORT) MODEL="$(MODEL)" MODEL_REPOSITORY="$(MODEL_REPOSITORY)" SERVED_NAME="$(SERVED_NAME)" \
+		MODEL_KIND=$(MODEL_KIND) $(PY) -m devstack.serve
 
 test: model  ## unit, integration and e2e (starts its own tritonserver and gateway on free ports)
 	$(PY) -m pytest -q -p no:cacheprovider tests
