@@ -14,6 +14,7 @@ import torch
 
 from engine.core.engine_core import EngineCore
 from engine.core.inbox import Inbox
+from engine.core.kv_events import ZmqPublisher
 from engine.core.postprocess import OutputPostprocessor
 from engine.core.slots import BLOCK_TOKENS
 from engine.core.stats import EngineStats
@@ -65,6 +66,11 @@ class EngineConfig:
     # an idle engine that gets a request waits for the rest of a burst before its first step (engine.core.inbox)
     burst_window_ms: float = 20.0  # at most this long after the first arrival
     burst_quiet_ms: float = 3.0  # the burst is over once no request has come for this long
+    # KV events in vLLM's format for KV-aware routers (engine.core.kv_events): ZMQ PUB endpoint (None: off), the
+    # ROUTER endpoint that replays missed batches, and the topic (llm-d reads `kv@<pod>@<model>`)
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
 
 
 @contextlib.contextmanager
@@ -126,10 +132,15 @@ class LLMEngine:
             else decoder.load_adapters(paths)
         self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
+        self.kv_events: ZmqPublisher | None = None
+        if config.kv_events_endpoint:
+            self.kv_events = ZmqPublisher(config.kv_events_endpoint, config.kv_events_topic,
+                                          config.kv_events_replay_endpoint)
         self.core = EngineCore(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
                                config.kv_budget_tokens, config.prefix_cache_tokens,
                                postprocess=OutputPostprocessor(self.tokenizer).for_sequence,
-                               reasoning=config.reasoning)
+                               reasoning=config.reasoning,
+                               publish_kv_events=self.kv_events.publish if self.kv_events is not None else None)
         self.grammars = GrammarCompilerCache(self.tokenizer, decoder.vocab_size, self.sampler.stop_token_set,
                                              config.grammar_budget_s)
 

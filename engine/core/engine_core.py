@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,12 +38,14 @@ Failures = dict[int, tuple[SequenceGroup, EngineError]]  # id(group) -> (group, 
 class EngineCore:
     def __init__(self, runner: ModelRunner, sampler: Sampler, tokenizer, prefill_budget: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0,
-                 postprocess: Postprocess | None = None, reasoning: bool = False) -> None:
-        """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks)."""
+                 postprocess: Postprocess | None = None, reasoning: bool = False,
+                 publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks);
+        `publish_kv_events`: takes each step's KV events (engine.core.kv_events), when a router wants them."""
         self.runner = runner
         self.sampler = sampler
         self.scheduler = Scheduler(runner, sampler.counts, tokenizer, prefill_budget, kv_budget_tokens,
-                                   prefix_cache_tokens, reasoning)
+                                   prefix_cache_tokens, reasoning, publish_kv_events)
         self.stats = self.scheduler.stats
         self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, postprocess)
         self.timing = StepTiming()  # where a decode step's time goes (bench/engine.py prints it)

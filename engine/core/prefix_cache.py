@@ -7,13 +7,21 @@ only the rest. Entries store their tokens and parent key, so a hash collision ca
 between different token sequences. Blocks live in one preallocated pool; the least recently used are
 reused when it is full. Everything is plain tensor copies on the cache's device, so the GPU engine uses
 the same logic.
+
+A key is a 64-bit keyed BLAKE2b of the parent's key and the block's tokens, keyed by the salt: stable across
+processes, so the keys this cache reports in its KV events (engine.core.kv_events, when `events` is a list) mean the
+same thing to a router after a restart. The salt is (LoRA adapter, then whatever else the K/V depends on).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+from array import array
 from dataclasses import dataclass
+from typing import Any
 
+from engine.core import kv_events
 from engine.model.kv_cache import KVCache, commit, zeroed
 
 BlockKey = int
@@ -41,6 +49,7 @@ class PrefixCache:
         self.free = list(range(self.capacity - 1, -1, -1))
         self.hit_tokens = 0  # counters for metrics and benchmarks
         self.queried_tokens = 0
+        self.events: list[dict[str, Any]] | None = None  # a list: stored and evicted blocks are recorded there
 
     def __bool__(self) -> bool:
         return self.capacity > 0
@@ -48,10 +57,11 @@ class PrefixCache:
     def _chain(self, tokens: list[int], salt: object, limit: int):
         """(key, parent key, block tokens) of each full block within the first `limit` tokens."""
         parent: BlockKey | None = None
-        root = hash(("sie-prefix", salt))
+        root = hashlib.blake2b(repr(("sie-prefix", salt)).encode(), digest_size=32).digest()
         for start in range(0, limit - self.block_tokens + 1, self.block_tokens):
             block = tuple(tokens[start : start + self.block_tokens])
-            key = hash((root, parent, block))
+            data = (parent or 0).to_bytes(8, "big") + array("q", block).tobytes()
+            key = int.from_bytes(hashlib.blake2b(data, digest_size=8, key=root).digest(), "big")
             yield key, parent, block
             parent = key
 
@@ -79,6 +89,7 @@ class PrefixCache:
     def store(self, tokens: list[int], salt: object, slot: int, length: int) -> None:
         """Keep the full blocks of the first `length` positions of `slot` (K/V already computed)."""
         new: list[tuple[int, int]] = []  # (block number in the slot, pool row)
+        stored: list[tuple[int, BlockKey, BlockKey | None, tuple[int, ...]]] = []  # for the KV events
         chain: set[BlockKey] = set()
         for number, (key, parent, block) in enumerate(self._chain(tokens, salt, length)):
             chain.add(key)
@@ -92,7 +103,24 @@ class PrefixCache:
                 break
             self.blocks[key] = _Block(row, parent, block)
             new.append((number, row))
+            stored.append((number, key, parent, block))
         self._copy(new, slot, into_cache=False)
+        if self.events is not None and stored:
+            self.events.append(self._stored_event(stored, salt))
+
+    def _stored_event(self, stored: list[tuple[int, BlockKey, BlockKey | None, tuple[int, ...]]], salt: object
+                      ) -> dict[str, Any]:
+        """vLLM's BlockStored for the blocks this store added: the LoRA name on every block's extra keys, the
+        rest of the salt (image digest, tenant) on the chain's first block, as vLLM places its cache salt."""
+        parts = salt if isinstance(salt, tuple) else (salt,)
+        adapter, rest = parts[0], tuple(p for p in parts[1:] if p is not None)
+        extra: list[tuple[Any, ...] | None] = []
+        for number, *_ in stored:
+            keys = ((adapter,) if adapter is not None else ()) + (rest if number == 0 else ())
+            extra.append(keys or None)
+        return kv_events.block_stored(
+            [key for _, key, _, _ in stored], stored[0][2], [t for *_, block in stored for t in block],
+            self.block_tokens, adapter, extra if any(e is not None for e in extra) else None)
 
     def _take_row(self, chain: set[BlockKey]) -> int | None:
         if self.free:
@@ -100,6 +128,8 @@ class PrefixCache:
         oldest = next(iter(self.blocks), None)
         if oldest is None or oldest in chain:
             return None  # never evict the chain being stored: its first blocks are the useful ones
+        if self.events is not None:
+            self.events.append(kv_events.block_removed([oldest]))
         return self.blocks.pop(oldest).index  # least recently used; its children age out too
 
     def _copy(self, blocks: list[tuple[int, int]], slot: int, into_cache: bool) -> None:

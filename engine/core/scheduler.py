@@ -20,8 +20,10 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+from engine.core import kv_events
 from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.slots import Recompute, SlotTable, blocks, owner
@@ -38,7 +40,8 @@ BYPASS_LIMIT = 64  # how many later requests may start before a waiting one that
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 1024,
-                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False) -> None:
+                 kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False,
+                 publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         """`counts`: the sampler's penalty counts (a retired row's is freed at once); `reasoning`: the model
         thinks in <think>...</think> (its profile says so)."""
         self.runner = runner
@@ -53,6 +56,11 @@ class Scheduler:
         self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
         self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        # KV events (engine.core.kv_events): the prefix cache records its stored and evicted blocks, sent each step
+        self.publish_kv_events = publish_kv_events if self.prefix_cache is not None else None
+        if self.publish_kv_events is not None and self.prefix_cache is not None:
+            self.prefix_cache.events = []
+            self.publish_kv_events([kv_events.all_blocks_cleared()])  # a new process holds no block yet
         self.reasoning = reasoning
 
     # -- admission -----------------------------------------------------------------------------
@@ -168,6 +176,9 @@ class Scheduler:
             running.add(id(owner(self.slots.prefilling)))
         self.stats.running = len(running)
         self.stats.kv_used = self.slots.used_blocks()
+        if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
+            self.publish_kv_events(self.prefix_cache.events)
+            self.prefix_cache.events = []
         if not self.has_work():
             self.slots.release_all()
 
