@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -110,6 +111,11 @@ class TritonPythonModel:
                 chat_template=_read_model_file(args["model_repository"], p["chat_template"])
                 if p.get("chat_template") else None,
                 stop_tokens=[t for t in p.get("stop_tokens", "").split(",") if t] or None,
+                # KV events for KV-aware routers (docs/kv-memory.md): topic kv@<pod>@<served model>, as llm-d reads
+                kv_events_endpoint=p.get("kv_events_endpoint") or None,
+                kv_events_replay_endpoint=p.get("kv_events_replay_endpoint") or None,
+                kv_events_topic=f"kv@{os.environ.get('POD_NAME') or socket.gethostname()}@"
+                                f"{p.get('served_name', config['name'])}",
             )
         )
         self.defaults = json.loads(p.get("default_sampling") or "{}")
