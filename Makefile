@@ -7,7 +7,7 @@ MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
 GATEWAY_PORT ?= 8080
 export SIE_MODEL_CACHE
 
-.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer bench-peer-engines bench-gpu gpu-carry loadtest soak lint clean
+.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer bench-peer-engines bench-load bench-gpu gpu-carry loadtest soak lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,13 @@ bench-peer: model  ## our stack against vLLM's CPU build, same model, same opena
 bench-peer-engines: model  ## the two engines in-process, no HTTP: where a served difference comes from
 	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
 	$(PY) -m bench.peer_engines $(PEER_ENGINE_ARGS)
+
+# The chat load at equal KV memory (1 GiB each): 64 users x 2 turns, prompts of 40-320 tokens, max_tokens 1024,
+# greedy, natural ends; ours, then vLLM's CPU build, alone on a quiet box. LOAD_ARGS passes options (--skip-vllm).
+LOAD_ARGS ?=
+bench-load: model  ## the equal-memory chat load against vLLM: chatload_errors, _tps_ratio, _ttft_p50_ratio
+	PYTHON=$(PYTHON) bash bench/install_vllm_peer.sh
+	$(PY) -m bench.chatload $(LOAD_ARGS)
 
 # The engine against HF on a GPU (random bf16 weights from configs; under 6 minutes on an H200).
 # BENCH_GPU_ARGS=--tiny dry-runs it on the CPU with tiny configs. For the device machine, `make gpu-carry`
