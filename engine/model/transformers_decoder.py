@@ -207,7 +207,7 @@ class TransformersDecoder:
         # the fused forward's GEMM choice, measured on this model's first layer (all of its linears; GPT-2's are
         # Conv1D modules, which keep torch's own matmul)
         first = [m.weight.detach() for m in first_layer(self.base).modules() if isinstance(m, torch.nn.Linear)]
-        self.linear_kind = choose_kind(self.device, first) if first else "mkl"
+        self.linear_kind = choose_kind(self.device, first) if first else "mkl" if self.device.type == "cpu" else "torch"
         use_linear_kind(hf_model, self.linear_kind)  # the layers' linears and the LM head
         self.adapter_rows = AdapterRows()  # set only for the length of a forward with adapter rows
         check_against_own_forward(self)

@@ -41,9 +41,7 @@ def own_stack(tmp_path_factory) -> Iterator[LocalStack]:
         if arch.name == NO_TEMPLATE:
             (folder / "chat_template.jinja").unlink(missing_ok=True)
         add_model(folder, repo, kv_memory_bytes=64 << 20)
-    # every stub measures no GEMM kernels at load (14 model processes share the box's cores)
-    with local_stack(repo, logs, workers=1, extra_env={"SIE_AUTH_MODE": "none"}, keep_serving=True,
-                     triton_env={"SIE_LINEAR_KERNEL": "mkl"}) as running:
+    with local_stack(repo, logs, workers=1, extra_env={"SIE_AUTH_MODE": "none"}, keep_serving=True) as running:
         yield running
     shutil.rmtree(root / "models", ignore_errors=True)
 
