@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from openai import AsyncOpenAI
 
 from bench import peer_runs
@@ -52,6 +53,16 @@ def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int) ->
     return repo, budget
 
 
+def preemptions(url: str, name: str) -> float:
+    """The server's own count of preempted requests (-1 when its metrics cannot be read)."""
+    try:
+        body = httpx.get(url, timeout=10).text
+    except httpx.HTTPError:
+        return -1.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
 def alone_mismatches(base_url: str, load: ChatLoad, answers: dict[str, str], sample: int) -> int:
     """First turns of `sample` users sent again one at a time; how many answers differ from the loaded run's."""
     async def run() -> int:
@@ -75,6 +86,8 @@ def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
     print(f"[ours] kv_budget_tokens {budget}, prefix_cache_tokens {args.prefix_tokens}", flush=True)
     with local_stack(repo, log_dir) as stack:
         out = measure(stack.base_url, load)
+        out["figures"]["preemptions"] = preemptions(f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics",
+                                                    "sie_engine_num_preemptions_total")
         if args.check_alone:
             out["figures"]["alone_mismatches"] = alone_mismatches(stack.base_url, load, out["answers"],
                                                                   args.check_alone)
@@ -84,6 +97,7 @@ def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
 def run_vllm(args, load: ChatLoad, log_dir: Path) -> dict:
     def at(url: str) -> dict:
         out = measure(url, load)
+        out["figures"]["preemptions"] = preemptions(f"{url}/metrics", "vllm:num_preemptions_total")
         if args.check_alone:
             out["figures"]["alone_mismatches"] = alone_mismatches(url, load, out["answers"], args.check_alone)
         return out

@@ -84,7 +84,8 @@ async def _user(client: AsyncOpenAI, user: int, load: ChatLoad, result: Result) 
         try:
             ttft, tokens, answer = await stream_turn(client, messages, load)
         except Exception as exc:  # a failed request is counted, and the user's conversation ends there
-            result.errors.append(f"user {user} turn {turn}: {type(exc).__name__}: {str(exc)[:200]}")
+            code = getattr(exc, "code", None) or type(exc).__name__
+            result.errors.append(f"user {user} turn {turn}: {code}: {str(exc)[:200]}")
             return
         result.ok += 1
         result.ttfts.append(ttft)

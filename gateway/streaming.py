@@ -49,6 +49,8 @@ def named_frame(chunk: dict[str, Any]) -> bytes:
 async def _pump(events: AsyncGenerator[GenerationEvent, None], buffer: StreamBuffer) -> None:
     try:
         async for event in events:
+            if event.is_progress:
+                continue  # liveness only (a preempted request's heartbeat, docs/kv-memory.md): nothing to send
             await buffer.put(event)
         buffer.put_terminal(_END)
     except asyncio.CancelledError:

@@ -29,13 +29,16 @@ from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.slots import Recompute, SlotTable, blocks, owner
 from engine.core.stats import EngineStats
 from engine.errors import EngineError
-from engine.request import EngineRequest
+from engine.request import EngineRequest, RequestOutput
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
 
 BYPASS_LIMIT = 64  # how many later requests may start before a waiting one that does not fit yet
+# a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
+# gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
+PREEMPTED_HEARTBEAT_S = 10.0
 
 
 class Scheduler:
@@ -52,6 +55,7 @@ class Scheduler:
         self.max_slots, self.max_len, self.kv_budget = self.slots.max_slots, self.slots.max_len, self.slots.kv_budget
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
         self.preempted: list[Sequence] = []  # candidates waiting to be recomputed (they go before any new request)
+        self.clock = time.monotonic  # injectable (tests)
         self._admissions = itertools.count()  # admission order: the newest running candidate is preempted first
         self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
@@ -176,6 +180,7 @@ class Scheduler:
             running.add(id(owner(self.slots.prefilling)))
         self.stats.running = len(running)
         self.stats.kv_used = self.slots.used_blocks()
+        self._heartbeat_preempted()
         if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
             self.publish_kv_events(self.prefix_cache.events)
             self.prefix_cache.events = []
@@ -334,6 +339,21 @@ class Scheduler:
             else:
                 return
             self.stats.preemptions += 1
+
+    def _heartbeat_preempted(self) -> None:
+        """An empty output for each streamed request whose candidates all wait (preempted or being recomputed)
+        and that has sent nothing for PREEMPTED_HEARTBEAT_S: the client's stream only pauses."""
+        waiting = [seq.group for seq in self.preempted]
+        if isinstance(self.slots.prefilling, Recompute):
+            waiting.append(self.slots.prefilling.group)
+        if not waiting:
+            return
+        now = self.clock()
+        for group in {id(g): g for g in waiting}.values():
+            last = group.last_output_at
+            if group.request.stream and not group.sent_final and last is not None \
+                    and now - last >= PREEMPTED_HEARTBEAT_S:
+                group.emit(RequestOutput("", 0, "", progress=True))
 
     @staticmethod
     def _age(seq: Sequence) -> tuple[int, int]:

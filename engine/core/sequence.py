@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import torch
@@ -88,6 +89,7 @@ class SequenceGroup:
         self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once
         self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admission = -1  # the scheduler's admission order (the newest running candidates are preempted first)
+        self.last_output_at: float | None = None  # when it last sent an output (liveness of preempted streams)
         self.bypassed = 0  # later requests admitted while this one waited for room (Scheduler._admissible)
         self.reasoning = False  # the model declares reasoning: split <think> text from content
         self.thinking_open = False  # the rendered prompt already opened the thinking block
@@ -113,4 +115,5 @@ class SequenceGroup:
         output.cached_tokens = self.cached_tokens
         if output.final:
             self.sent_final = True
+        self.last_output_at = time.monotonic()
         self.request.on_output(output)

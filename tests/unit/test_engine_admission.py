@@ -7,6 +7,8 @@ preempted and later recomputed from its prompt and the tokens it has streamed.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine.core.slots import BLOCK_TOKENS, blocks
@@ -138,3 +140,29 @@ def test_a_small_request_goes_past_a_waiting_one_that_does_not_fit_yet(make_sche
     assert not run.outputs["waiting"]
     until_done_within_budget(run)
     assert run.final("waiting").finish_reason == "length"  # and the one it went past still runs to the end
+
+
+def test_a_preempted_stream_sends_a_heartbeat_while_it_waits(make_scheduler, real_engine):
+    """Nothing to stream while preempted; after PREEMPTED_HEARTBEAT_S of silence an empty output says the request
+    is alive (the gateway's inter-chunk timeout would otherwise cut it). The clock is the test's."""
+    from engine.core.scheduler import PREEMPTED_HEARTBEAT_S
+
+    prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+    core = make_scheduler()
+    run = with_budget(core, 16 * BLOCK_TOKENS)
+    for i, ids in enumerate(prompts):
+        run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
+    for _ in range(400):
+        run.step()
+        if core.scheduler.preempted:
+            break
+    (victim,) = {seq.group.request.request_id for seq in core.scheduler.preempted}
+    sent = len(run.outputs[victim])
+    core.scheduler.end_step()  # no time has passed: no heartbeat
+    assert len(run.outputs[victim]) == sent
+    core.scheduler.clock = lambda: time.monotonic() + PREEMPTED_HEARTBEAT_S
+    core.scheduler.end_step()
+    beat = run.outputs[victim][-1]
+    assert len(run.outputs[victim]) == sent + 1 and beat.progress and beat.text == "" and not beat.final
+    until_done_within_budget(run)
+    assert run.final(victim).finish_reason == "length"
