@@ -25,6 +25,9 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "grammar_invalid": _BAD_REQUEST,
     "grammar_compile_failed": _BAD_REQUEST,
     "unknown_lora_adapter": _BAD_REQUEST,
+    # run-time LoRA (docs/lora.md): an unload while requests use the adapter; a load past the profile's max_loras
+    "lora_adapter_in_use": ErrorCode("INVALID_ARG", 409, "invalid_request_error"),
+    "lora_capacity_exceeded": ErrorCode("INVALID_ARG", 409, "invalid_request_error"),
     "context_exceeded": ErrorCode("INVALID_ARG", 400, "context_length_exceeded"),
     "cancelled": ErrorCode("CANCELLED", 408, "server_error"),
     "rate_limit_exceeded": ErrorCode("UNAVAILABLE", 429, "rate_limit_error", 1),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -16,12 +18,13 @@ from engine.core.engine_core import EngineCore
 from engine.core.inbox import Inbox
 from engine.core.kv_events import ZmqPublisher
 from engine.core.postprocess import OutputPostprocessor
-from engine.core.slots import BLOCK_TOKENS
+from engine.core.slots import BLOCK_TOKENS, owner
 from engine.core.stats import EngineStats
 from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
+from engine.lora_runtime import LoraLimits, LoraRuntime
 from engine.model.decoder import Decoder
 from engine.model.loading import load_model
 from engine.model.lora import load_adapters
@@ -55,6 +58,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
     threads: int | None = None  # intra-op host threads; None: torch's default on CPU, CUDA_HOST_THREADS on a GPU
     lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
+    max_loras: int = 8  # adapters served at once, loaded at run time or not (engine.lora_runtime)
+    max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
     kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
     prefix_cache_tokens: int = 8192  # K/V of past prompts kept for reuse (automatic prefix caching; 0: off)
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
@@ -108,6 +113,11 @@ class LLMEngine:
         with _one_thread_here_then(threads):  # the forwards run on the loop thread's own OpenMP team
             self._build(config, loaded, on_gpu)
         self.inbox = Inbox(config.burst_window_ms / 1e3, config.burst_quiet_ms / 1e3)
+        # work that must run between two steps on the loop thread (an adapter table change)
+        self._between: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = queue.SimpleQueue()
+        self.lora = LoraRuntime(self.runner, self.model, fused=isinstance(self.runner.decoder, Decoder),
+                                limits=LoraLimits(config.max_loras, config.max_lora_rank),
+                                between_steps=self.between_steps, users=self._adapter_users)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.healthy = True
@@ -234,6 +244,10 @@ class LLMEngine:
         """Queue a request; raises QueueFull at once when the bounded queue is full."""
         if not self.healthy:
             raise EngineError("MODEL_LOADING", "engine is not healthy")
+        adapter = request.params.lora_adapter
+        key = self.lora.key(adapter) if adapter is not None else None
+        if key is not None and key != adapter:  # a name loaded again: its own prefix-cache blocks
+            request.params = dataclasses.replace(request.params, lora_adapter=key)
         self.inbox.put(request, room=self.config.max_queue - self.core.scheduler.queue_depth)
         if not self.healthy:  # the loop died between the check above and the put: nobody will drain it
             self._fail_incoming()
@@ -283,6 +297,58 @@ class LLMEngine:
         self.inbox.wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._run_between_steps()  # a change that came as the loop stopped: made here, not left waiting
+
+    # -- run-time LoRA (engine.lora_runtime) ----------------------------------------------------
+
+    def between_steps(self, work: Callable[[], Any]) -> Any:
+        """Run `work` on the loop thread between two steps and return its result (raising what it raised);
+        at once on this thread when the loop is not running."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            return work()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._between.put((work, done))
+        self.inbox.wake()
+        return done.result()
+
+    def _run_between_steps(self) -> None:
+        while True:
+            try:
+                work, done = self._between.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.set_result(work())
+            except Exception as exc:  # the caller's to handle: the loop goes on
+                done.set_exception(exc)
+
+    def _adapter_users(self, key: str) -> int:
+        """Requests the scheduler holds (waiting, running, preempted) on adapter table key `key`."""
+        return sum(g.params.lora_adapter == key for g in self.core.scheduler.groups_in_flight())
+
+    def lora_requests_info(self) -> dict[str, str]:
+        """vLLM's lora_requests_info labels: max_lora, and the adapters of the running and the waiting requests
+        (comma-separated served names, sorted)."""
+        scheduler = self.core.scheduler
+        for _ in range(3):  # read from another thread: a list the loop changes meanwhile is read again
+            try:
+                running = [s.group for s in list(scheduler.slots.decoding)]
+                if scheduler.slots.prefilling is not None:
+                    running.append(owner(scheduler.slots.prefilling))
+                waiting = list(scheduler.waiting) + [s.group for s in list(scheduler.preempted)]
+                break
+            except RuntimeError:
+                continue
+        else:
+            running, waiting = [], []
+
+        def names(groups) -> str:
+            keys = {g.params.lora_adapter for g in groups if g.params.lora_adapter}
+            return ",".join(sorted(self.lora.name_of(k) for k in keys))
+
+        return {"max_lora": str(self.config.max_loras), "running_lora_adapters": names(running),
+                "waiting_lora_adapters": names(waiting)}
 
     def _drain_incoming(self) -> None:
         for request in self.inbox.take():
@@ -302,6 +368,7 @@ class LLMEngine:
             idle = True
             while not self._stopped.is_set():
                 self._drain_incoming()
+                self._run_between_steps()
                 if not self.core.scheduler.has_work():
                     idle = True
                     self.inbox.wait(timeout=0.05)

@@ -32,6 +32,7 @@ from gateway.resources.health import (
     ReadyResource,
     VersionResource,
 )
+from gateway.resources.lora import LoraAdapterResource
 from gateway.resources.models import ModelsResource
 from gateway.resources.responses import ResponsesResource, StoredResponseResource
 from gateway.resources.tokenize import DetokenizeResource, TokenizeResource
@@ -179,6 +180,8 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     models = ModelsResource(registry)
     app.add_route("/v1/models", models)
     app.add_sink(models.retrieve, prefix=r"^/v1/models/")
+    app.add_route("/v1/load_lora_adapter", LoraAdapterResource(settings, registry, "load"))
+    app.add_route("/v1/unload_lora_adapter", LoraAdapterResource(settings, registry, "unload"))
     app.add_route("/metrics", MetricsResource())
     openapi = build_openapi()
     app.add_route("/openapi.json", OpenAPIResource(openapi))

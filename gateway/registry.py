@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gateway.discovery import DnsSource, Resolver, resolve_dns
 from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
+from gateway.lora_adapters import CONTROL_INPUT, with_live_adapters
 from gateway.metrics import WORKERS
 from gateway.profile import ModelProfile, canonical_id
 from gateway.settings import EndpointConfig, PoolConfig, Settings
@@ -96,6 +97,8 @@ class ModelRegistry:
                 not_ready.add(name)  # Triton still says READY about a dead process (until it is reloaded)
             elif state == "READY":
                 profile = ModelProfile.from_triton_config(name, params, inputs)
+                if self.settings.allow_runtime_lora and CONTROL_INPUT in inputs:  # adapters loaded at run time
+                    profile = await with_live_adapters(endpoint.client, profile)
                 models[profile.name] = profile
                 self._served_as[name] = profile
             else:
@@ -215,6 +218,9 @@ class ModelRegistry:
         wanted = {model, canonical_id(model)}
         for profile in self.profiles():
             if profile.name in wanted or profile.sie_id == model or profile.triton_model == model:
+                return profile, machine_profile
+        for profile in self.profiles():  # a LoRA adapter's name is a model id too (vLLM's convention)
+            if model in profile.lora_adapters:
                 return profile, machine_profile
         if not any(e.healthy for e in self.endpoints):
             raise self.provisioning("no Triton endpoint is reachable; provisioning in progress, retry shortly")

@@ -184,6 +184,8 @@ class GenerationService:
 
     @staticmethod
     def apply_profile(req: GenerationRequest, profile: ModelProfile) -> GenerationRequest:
+        if req.lora_adapter is None and req.model in profile.lora_adapters:  # model=<adapter>, as vLLM serves it
+            req = dataclasses.replace(req, lora_adapter=req.model)
         if req.max_tokens_defaulted and req.max_tokens > profile.max_output_tokens:
             # the client set no cap: the gateway default must not turn into a context_exceeded error
             req = dataclasses.replace(req, max_tokens=profile.max_output_tokens)

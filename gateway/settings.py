@@ -40,6 +40,8 @@ class Settings:
     auth_mode: str = "none"
     auth_tokens: tuple[str, ...] = ()
     auth_exempt_operational: bool = False
+    # POST /v1/load_lora_adapter, /v1/unload_lora_adapter (docs/lora.md); off as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    allow_runtime_lora: bool = False
     auth_tokens_file: str | None = None  # keys (and their tenants), re-read on change or SIGHUP; docs/auth.md
     tenant_secret_file: str | None = None  # None: a per-process secret (tests); from_env always names a file
     prefix_cache_scope: str = "tenant"  # "global": one prefix cache shared by every key (single-tenant deployments)
@@ -78,6 +80,7 @@ class Settings:
             auth_mode=env.get("SIE_AUTH_MODE", "none").strip().lower() or "none",
             auth_tokens=tuple(t.strip() for t in tokens.split(",") if t.strip()),
             auth_exempt_operational=env.get("SIE_AUTH_EXEMPT_OPERATIONAL", "").lower() in ("1", "true", "yes"),
+            allow_runtime_lora=env.get("SIE_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true", "yes"),
             auth_tokens_file=env.get("SIE_AUTH_TOKENS_FILE") or None,
             tenant_secret_file=env.get("SIE_TENANT_SECRET_FILE") or DEFAULT_TENANT_SECRET,
             prefix_cache_scope=scope,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,14 @@ import torch.nn.functional as F
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import Weight, choose_kind, linear, pack
 from engine.model.support import UnsupportedModel, check_against_own_forward, transformers_path_gaps
-from engine.model.transformers_lora import BASE, AdapterRows, PeftAdapter, load_peft_adapters
+from engine.model.transformers_lora import (
+    BASE,
+    AdapterRows,
+    PeftAdapter,
+    add_peft_adapter,
+    load_peft_adapters,
+    remove_peft_adapter,
+)
 from engine.staging import stage
 
 ATTENTION_NAME = "sie_kv"
@@ -210,11 +218,24 @@ class TransformersDecoder:
         self.linear_kind = choose_kind(self.device, first) if first else "mkl" if self.device.type == "cpu" else "torch"
         use_linear_kind(hf_model, self.linear_kind)  # the layers' linears and the LM head
         self.adapter_rows = AdapterRows()  # set only for the length of a forward with adapter rows
+        self.peft_model: Any = None  # peft's wrapper, once an adapter is loaded
         check_against_own_forward(self)
 
     def load_adapters(self, paths: dict[str, str]) -> dict[str, PeftAdapter]:
         """peft LoRA adapters in the model's own modules, served per row (engine.model.transformers_lora)."""
-        return load_peft_adapters(self.model, self.head, self.adapter_rows, paths)
+        self.peft_model, adapters = load_peft_adapters(self.model, self.head, self.adapter_rows, paths)
+        return adapters
+
+    def add_adapter(self, name: str, path: str) -> PeftAdapter:
+        """One more adapter at run time (between steps: it changes the modules the forward runs)."""
+        self.peft_model, adapter = add_peft_adapter(self.model, self.head, self.adapter_rows, self.peft_model,
+                                                    name, path)
+        return adapter
+
+    def remove_adapter(self, name: str) -> None:
+        """Take an adapter's weights out (between steps); rows no longer name it."""
+        if self.peft_model is not None:
+            self.peft_model = remove_peft_adapter(self.peft_model, name)
 
     @staticmethod
     def lora_batch(adapters: dict, token_adapters: list[str | None]) -> list[str]:

@@ -96,37 +96,59 @@ def _check_weights_fit(peft_model, name: str, path: str) -> None:
                                       f"{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}")
 
 
+def add_peft_adapter(hf_model: torch.nn.Module, head: torch.nn.Module, rows: AdapterRows, peft_model: Any,
+                     name: str, path: str) -> tuple[Any, PeftAdapter]:
+    """Load one adapter into `hf_model` with peft (wrapping it on the first), its LoRA layers chosen per token
+    through `rows`; returns the peft model and the adapter. A refused adapter is taken out again."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    _check_config(name, path)
+    try:
+        if peft_model is None:
+            peft_model = PeftModel.from_pretrained(hf_model, path, adapter_name=name)
+        else:
+            peft_model.load_adapter(path, adapter_name=name)
+    except (ValueError, RuntimeError, KeyError) as exc:  # target modules not found, size mismatch
+        raise _refuse(name, path, str(exc).strip().splitlines()[0]) from exc
+    peft_model.eval()  # no LoRA dropout
+    targeted = {module_name: m for module_name, m in hf_model.named_modules() if isinstance(m, BaseTunerLayer)}
+    try:
+        _check_weights_fit(peft_model, name, path)
+        for module_name, layer in targeted.items():
+            if layer.get_base_layer() is head and name in getattr(layer, "lora_A", {}):
+                raise _refuse(name, path, f"it targets the LM head ({module_name}), which this path runs "
+                                          "outside the per-row forward")
+    except ValueError:
+        remove_peft_adapter(peft_model, name)  # the caller keeps its peft model (or None) from before
+        raise
+    for layer in targeted.values():
+        if not getattr(layer, "_sie_rows", False):  # a layer this adapter added: choose its rows per token
+            _row_forward(layer, rows)
+            layer._sie_rows = True  # type: ignore[attr-defined]
+    return peft_model, PeftAdapter(path, sum(name in getattr(m, "lora_A", {}) for m in targeted.values()))
+
+
+def remove_peft_adapter(peft_model: Any, name: str) -> Any:
+    """Take adapter `name` out of the model; returns the peft model, or None once no adapter is left (peft's
+    layers are unwrapped then, and the next adapter wraps the model anew)."""
+    if set(peft_model.peft_config) <= {name}:
+        peft_model.unload()  # the base modules back in place (the packed linears themselves)
+        return None
+    peft_model.delete_adapter(name)  # peft also makes another adapter its active one
+    return peft_model
+
+
 def load_peft_adapters(hf_model: torch.nn.Module, head: torch.nn.Module, rows: AdapterRows,
-                       paths: dict[str, str]) -> dict[str, PeftAdapter]:
-    """Load every adapter into `hf_model` with peft, its LoRA layers chosen per token through `rows`.
+                       paths: dict[str, str]) -> tuple[Any, dict[str, PeftAdapter]]:
+    """Load every adapter into `hf_model` with peft, its LoRA layers chosen per token through `rows`; returns the
+    peft model (None without adapters) and the adapters.
 
     An adapter that does not fit the model (target modules it lacks, other shapes, weights for other layers) or
     that this path cannot serve per row is refused here, by name. `head`: the LM head the decoder calls itself,
     outside the per-row forward, so an adapter may not target it."""
-    if not paths:
-        return {}
-    from peft import PeftModel
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
     peft_model = None
+    adapters: dict[str, PeftAdapter] = {}
     for name, path in paths.items():
-        _check_config(name, path)
-        try:
-            if peft_model is None:
-                peft_model = PeftModel.from_pretrained(hf_model, path, adapter_name=name)
-            else:
-                peft_model.load_adapter(path, adapter_name=name)
-        except (ValueError, RuntimeError, KeyError) as exc:  # target modules not found, size mismatch
-            raise _refuse(name, path, str(exc).strip().splitlines()[0]) from exc
-        _check_weights_fit(peft_model, name, path)
-    assert peft_model is not None
-    peft_model.eval()  # no LoRA dropout
-    targeted = {module_name: m for module_name, m in hf_model.named_modules() if isinstance(m, BaseTunerLayer)}
-    for module_name, layer in targeted.items():
-        if layer.get_base_layer() is head:
-            owner = next((n for n in paths if n in getattr(layer, "lora_A", {})), next(iter(paths)))
-            raise _refuse(owner, paths[owner], f"it targets the LM head ({module_name}), which this path runs "
-                                               "outside the per-row forward")
-        _row_forward(layer, rows)
-    return {name: PeftAdapter(path, sum(name in getattr(m, "lora_A", {}) for m in targeted.values()))
-            for name, path in paths.items()}
+        peft_model, adapters[name] = add_peft_adapter(hf_model, head, rows, peft_model, name, path)
+    return peft_model, adapters

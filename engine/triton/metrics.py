@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,10 @@ class EngineMetrics:
                               for phase in engine.step_timing.totals() if phase != "steps"}
         self._steps = self._metric(self._kinds.COUNTER, "sie_engine_decode_steps_total",
                                    "Pure decode steps (steps that prefill nothing)")
+        # vLLM's lora_requests_info: its labels say which adapters running and waiting requests use; a new label set
+        # is a new series valued with the time it was seen, and the old series is dropped (bounded cardinality)
+        self._lora_info: Any = None
+        self._lora_labels: dict[str, str] | None = None
         self._counted: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(period_s,), name="engine-metrics", daemon=True)
@@ -119,6 +124,7 @@ class EngineMetrics:
             if reason not in self._finished:
                 self._finished[reason] = self._finished_metric(reason)
             self._add(f"finished:{reason}", self._finished[reason], value)
+        self._update_lora_info()
         totals = self.engine.step_timing.totals()
         self._add("steps", self._steps, totals["steps"])
         for phase, metric in self._step_seconds.items():
@@ -129,6 +135,18 @@ class EngineMetrics:
                 values = random.sample(values, MAX_OBSERVED_PER_PERIOD)
             for seconds in values:
                 histogram.observe(seconds)
+
+    def _update_lora_info(self) -> None:
+        labels = self.engine.lora_requests_info()
+        if labels == self._lora_labels:
+            return
+        old, self._lora_labels = self._lora_info, labels
+        self._lora_info = self._metric(self._kinds.GAUGE, "sie_engine_lora_requests_info",
+                                       "LoRA adapters of the running and waiting requests (value: when seen, unix s)",
+                                       **labels)
+        self._lora_info.set(time.time())
+        if old is not None:  # the backend deletes the series with its last reference
+            self._metrics.remove(old)
 
     def _add(self, key: str, metric, value: float) -> None:
         grown = value - self._counted.get(key, 0)
@@ -146,5 +164,6 @@ class EngineMetrics:
         self._histograms.clear()
         self._step_seconds.clear()
         self._steps = None
+        self._lora_info = None
         self._metrics.clear()  # the metrics go first: a family must outlive its metrics
         self._families.clear()

@@ -27,6 +27,7 @@ from engine.errors import EngineError
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.triton import lora_control
 from engine.triton.cancel_probe import CancelProbe, ProbeRate
 from engine.triton.intake import SlowLane, checked_cache_salt
 from engine.triton.metrics import EngineMetrics
@@ -106,6 +107,8 @@ class TritonPythonModel:
                 grammar_budget_s=float(p.get("grammar_compile_budget_s", "5")),
                 device=device,
                 lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
+                max_loras=int(p.get("max_loras", "8")),  # run-time LoRA bound and rank limit (docs/lora.md)
+                max_lora_rank=int(p.get("max_lora_rank", "64")),
                 model_impl=p.get("model_impl", "auto"),
                 # a file in the model's folder (args["model_repository"] is that folder)
                 chat_template=_read_model_file(args["model_repository"], p["chat_template"])
@@ -135,6 +138,10 @@ class TritonPythonModel:
         for request in requests:
             reply = Reply(request.get_response_sender())
             try:
+                if pb_utils.get_input_tensor_by_name(request, lora_control.INPUT) is not None:
+                    lora_control.answer(pb_utils, self.engine, _input_str(request, lora_control.INPUT), reply.sender,
+                                        partial(self._fail, reply), _cache_path)
+                    continue
                 if self._is_tokenizer_request(request):
                     self._answer_tokenizer(request, reply)
                     continue

@@ -49,9 +49,13 @@ class ModelsResource:
     async def on_get(self, req, resp) -> None:
         if not self.registry.refreshed_once:
             await self.registry.refresh()
-        models = [self._model(p) for p in self.registry.profiles()]
+        profiles = self.registry.profiles()
+        models = [self._model(p) for p in profiles]
+        # each LoRA adapter is a model id of its own for OpenAI clients, with its base as `parent` (vLLM's listing)
+        adapters = [{"id": name, "object": "model", "created": self.created, "owned_by": "sie", "root": name,
+                     "parent": p.name} for p in profiles for name in sorted(p.lora_adapters)]
         resp.content_type = "application/json"
-        resp.data = orjson.dumps({"object": "list", "data": models, "models": models})
+        resp.data = orjson.dumps({"object": "list", "data": models + adapters, "models": models})
 
     async def retrieve(self, req, resp, **params: str) -> None:
         """GET /v1/models/{id} (OpenAI `models.retrieve`, the sie-sdk's `get_model`); the id may contain slashes or

@@ -15,6 +15,7 @@ import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -30,8 +31,10 @@ from gateway.errors import (
 )
 from gateway.triton.codec import (
     MalformedResponse,
+    decode_lora_adapters,
     decode_response,
     decode_tokenizer_response,
+    encode_lora_control,
     encode_request,
     encode_tokenizer_request,
     is_final,
@@ -124,6 +127,20 @@ class TritonClient:
         if result is None:  # pragma: no cover - _responses raises when the stream ends without a response
             raise UpstreamUnavailable("the model stream ended before the request finished")
         return result
+
+    async def lora_control(self, triton_model: str, control: dict[str, Any], request_id: str) -> list[str]:
+        """Load, unload or list the model's LoRA adapters (docs/triton-contract.md); returns those it serves after."""
+        names: list[str] | None = None
+        async with contextlib.aclosing(self._responses(encode_lora_control(triton_model, control,
+                                                                           request_id))) as responses:
+            async for response in responses:
+                try:
+                    names = decode_lora_adapters(response)
+                except MalformedResponse as exc:
+                    raise MalformedWorkerResponse(str(exc)) from None
+        if names is None:  # pragma: no cover - _responses raises when the stream ends without a response
+            raise UpstreamUnavailable("the model stream ended before the request finished")
+        return names
 
     async def _responses(
         self, request: service_pb2.ModelInferRequest

@@ -69,6 +69,25 @@ def encode_tokenizer_request(triton_model: str, task: TokenizerTask,
     return request
 
 
+def encode_lora_control(triton_model: str, control: dict[str, Any], request_id: str) -> service_pb2.ModelInferRequest:
+    """A run-time LoRA request (`lora_control`: {"action", "lora_name", "lora_path"}): nothing generated."""
+    request = service_pb2.ModelInferRequest(model_name=triton_model, id=request_id)
+    _bytes_tensor(request, "lora_control", [orjson.dumps(control)])
+    return request
+
+
+def decode_lora_adapters(response: service_pb2.ModelInferResponse) -> list[str]:
+    """The adapters a model serves after a `lora_control` request: its `extras.lora_adapters`."""
+    raw = dict(zip((o.name for o in response.outputs), response.raw_output_contents, strict=False))
+    if "extras" not in raw:
+        raise MalformedResponse("lora_control response without extras")
+    extras_raw = _read_bytes(raw["extras"])
+    names = (orjson.loads(extras_raw) if extras_raw else {}).get("lora_adapters")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise MalformedResponse("lora_control response without extras.lora_adapters")
+    return names
+
+
 def is_final(response: service_pb2.ModelInferResponse) -> bool:
     """The `is_final` output of a response (absent: not final; the decoder reports the violation)."""
     for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):

@@ -119,13 +119,15 @@ async def test_models_list(gw):
     assert resp.status_code == 200
     body = resp.json()
     assert body["object"] == "list"
-    (model,) = body["data"]
+    model, adapter = body["data"]  # each LoRA adapter is listed as a model of its own, as vLLM lists it
+    assert adapter == {"id": "sql", "object": "model", "created": model["created"], "owned_by": "sie", "root": "sql",
+                       "parent": MODEL}
     assert model["id"] == MODEL and model["object"] == "model"
     assert isinstance(model["created"], int) and model["owned_by"]
     assert model["sie_id"] == SIE_MODEL
     assert model["max_output_tokens"] == MAX_OUTPUT
     assert model["lora_adapters"] == ["sql"]
-    assert body["models"] == body["data"]  # the sie-sdk's list_models() reads `models`
+    assert body["models"] == [model]  # the sie-sdk's list_models() reads `models`: base models only
 
 
 async def test_a_model_entry_is_also_the_sie_sdks_model_info(make_gateway):
@@ -158,7 +160,7 @@ async def test_a_model_served_only_by_remote_endpoints_is_remote_only(make_gatew
 async def test_models_list_before_first_refresh(make_gateway):
     gw = await make_gateway(refresh=False)
     body = (await gw.client.get("/v1/models")).json()
-    assert [m["id"] for m in body["data"]] == [MODEL]
+    assert [m["id"] for m in body["models"]] == [MODEL]
 
 
 async def test_openapi_has_both_contracts(gw):

@@ -16,7 +16,7 @@ async def _until(predicate, within_s: float = 5.0) -> None:
 
 
 async def _listed(gw) -> list[str]:
-    return [m["id"] for m in (await gw.client.get("/v1/models")).json()["data"]]
+    return [m["id"] for m in (await gw.client.get("/v1/models")).json()["models"]]
 
 
 async def test_a_dead_model_found_by_the_probe_leaves_service_and_is_reloaded(gw):

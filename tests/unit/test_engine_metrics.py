@@ -151,6 +151,10 @@ class FakeEngine:
         self.step_timing = StepTiming()
         self.num_waiting = 0
         self.cache_config = {"block_size": "16", "num_gpu_blocks": "100", "enable_prefix_caching": "true"}
+        self.lora_info = {"max_lora": "8", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+
+    def lora_requests_info(self) -> dict[str, str]:
+        return dict(self.lora_info)
 
 
 @pytest.fixture
@@ -192,6 +196,20 @@ def test_gauges_counters_and_histograms_with_the_model_label(exported):
     assert backend.value("sie_engine_request_success_total", finished_reason="tool_calls") == 1
     assert backend.value("sie_engine_time_to_first_token_seconds") == [0.12]  # observed once
     assert not any(name.endswith("_last") for name in backend.families)
+
+
+def test_lora_requests_info_follows_the_adapters_in_use_with_one_series(exported):
+    backend, engine, metrics = exported
+    metrics.update()
+    family = backend.families["sie_engine_lora_requests_info"]
+    (series,) = family.live()
+    assert series.labels == {"model": "m1", "max_lora": "8", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    engine.lora_info.update(running_lora_adapters="a,b", waiting_lora_adapters="c")
+    del series
+    metrics.update()
+    (series,) = family.live()  # the old label set is gone
+    assert series.labels["running_lora_adapters"] == "a,b" and series.labels["waiting_lora_adapters"] == "c"
+    assert series.value > 1.7e9  # when it was seen, as vLLM sets it
 
 
 class _StepClock:
