@@ -18,13 +18,13 @@ from engine.core.engine_core import EngineCore
 from engine.core.inbox import Inbox
 from engine.core.kv_events import ZmqPublisher
 from engine.core.postprocess import OutputPostprocessor
-from engine.core.slots import BLOCK_TOKENS, owner
+from engine.core.slots import BLOCK_TOKENS
 from engine.core.stats import EngineStats
 from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, is_device_fault
 from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
-from engine.lora_runtime import LoraLimits, LoraRuntime
+from engine.lora_runtime import LoraLimits, LoraRuntime, requests_info
 from engine.model.decoder import Decoder
 from engine.model.loading import load_model
 from engine.model.lora import load_adapters
@@ -328,27 +328,8 @@ class LLMEngine:
         return sum(g.params.lora_adapter == key for g in self.core.scheduler.groups_in_flight())
 
     def lora_requests_info(self) -> dict[str, str]:
-        """vLLM's lora_requests_info labels: max_lora, and the adapters of the running and the waiting requests
-        (comma-separated served names, sorted)."""
-        scheduler = self.core.scheduler
-        for _ in range(3):  # read from another thread: a list the loop changes meanwhile is read again
-            try:
-                running = [s.group for s in list(scheduler.slots.decoding)]
-                if scheduler.slots.prefilling is not None:
-                    running.append(owner(scheduler.slots.prefilling))
-                waiting = list(scheduler.waiting) + [s.group for s in list(scheduler.preempted)]
-                break
-            except RuntimeError:
-                continue
-        else:
-            running, waiting = [], []
-
-        def names(groups) -> str:
-            keys = {g.params.lora_adapter for g in groups if g.params.lora_adapter}
-            return ",".join(sorted(self.lora.name_of(k) for k in keys))
-
-        return {"max_lora": str(self.config.max_loras), "running_lora_adapters": names(running),
-                "waiting_lora_adapters": names(waiting)}
+        """vLLM's lora_requests_info labels (engine.lora_runtime.requests_info), for the metrics thread."""
+        return requests_info(self.core.scheduler, self.lora, self.config.max_loras)
 
     def _drain_incoming(self) -> None:
         for request in self.inbox.take():

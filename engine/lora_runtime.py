@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from engine.core.slots import owner
 from engine.errors import EngineError
 from engine.model.lora import load_adapters
 
@@ -180,3 +181,27 @@ class LoraRuntime:
             self._between_steps(drop)
             del self.keys[name]
             return self.names()
+
+
+def requests_info(scheduler, lora: LoraRuntime, max_loras: int) -> dict[str, str]:
+    """vLLM's lora_requests_info labels: max_lora, and the adapters of the running and of the waiting requests
+    (comma-separated served names, sorted). Read from the metrics thread: a list the loop changes meanwhile is
+    read again."""
+    running: list[Any] = []
+    waiting: list[Any] = []
+    for _ in range(3):
+        try:
+            running = [s.group for s in list(scheduler.slots.decoding)]
+            if scheduler.slots.prefilling is not None:
+                running.append(owner(scheduler.slots.prefilling))
+            waiting = list(scheduler.waiting) + [s.group for s in list(scheduler.preempted)]
+            break
+        except RuntimeError:
+            continue
+
+    def names(groups: list[Any]) -> str:
+        keys = {g.params.lora_adapter for g in groups if g.params.lora_adapter}
+        return ",".join(sorted(lora.name_of(k) for k in keys))
+
+    return {"max_lora": str(max_loras), "running_lora_adapters": names(running),
+            "waiting_lora_adapters": names(waiting)}

@@ -48,8 +48,10 @@ LAYERS: dict[str, Rule] = {
     "engine.core": Rule((*BASE, "engine.staging", "engine.runner", "engine.model.kv_cache", "engine.sampling",
                          "engine.text")),
     # layer 4: the one composition root
+    # run-time LoRA: beside the engine, over the model's adapter loaders and the scheduler's view of requests
+    "engine.lora_runtime": Rule((*BASE, "engine.model", "engine.core")),
     "engine.llm_engine": Rule((*BASE, "engine.staging", "engine.text", "engine.model", "engine.sampling",
-                               "engine.runner", "engine.inputs", "engine.core")),
+                               "engine.runner", "engine.inputs", "engine.core", "engine.lora_runtime")),
     # layer 5: the Triton glue sees the engine's front door and the boundary types only
     "engine.triton": Rule((*BASE, "engine.llm_engine", "contract")),
     "engine.triton.reply": Rule(BASE, torch_free=True),
