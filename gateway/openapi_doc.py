@@ -7,6 +7,7 @@ from typing import Any
 from gateway.contracts.chat import ChatCompletionRequest
 from gateway.contracts.completions import CompletionRequest
 from gateway.contracts.generate import GenerateRequest
+from gateway.contracts.lora import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from gateway.contracts.responses import ResponsesRequest
 from gateway.contracts.tokenize import DetokenizeRequest, TokenizeRequest
 from gateway.settings import VERSION
@@ -57,6 +58,18 @@ def _tokenizer_route(operation: str, schema: str, answer: str) -> dict[str, Any]
     }}
 
 
+def _lora_route(operation: str, schema: str) -> dict[str, Any]:
+    """Run-time LoRA (docs/lora.md): 404 while SIE_ALLOW_RUNTIME_LORA_UPDATING is off; a plain-text success."""
+    return {"post": {
+        "operationId": operation,
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
+        "responses": {"200": {"description": "Success: LoRA adapter '<name>' added / removed successfully.",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      **_errors(400, 401, 404, 409, 413, 500, 503)},
+    }}
+
+
 def build_openapi() -> dict[str, Any]:
     components: dict[str, Any] = {"ErrorResponse": _ERROR}
     components["ChatCompletionRequest"] = _hoist(ChatCompletionRequest.model_json_schema(ref_template=_REF), components)
@@ -64,6 +77,10 @@ def build_openapi() -> dict[str, Any]:
     components["ResponsesRequest"] = _hoist(ResponsesRequest.model_json_schema(ref_template=_REF), components)
     components["TokenizeRequest"] = _hoist(TokenizeRequest.model_json_schema(ref_template=_REF), components)
     components["DetokenizeRequest"] = _hoist(DetokenizeRequest.model_json_schema(ref_template=_REF), components)
+    components["LoadLoraAdapterRequest"] = _hoist(LoadLoraAdapterRequest.model_json_schema(ref_template=_REF),
+                                                  components)
+    components["UnloadLoraAdapterRequest"] = _hoist(UnloadLoraAdapterRequest.model_json_schema(ref_template=_REF),
+                                                    components)
     components["GenerateRequest"] = _hoist(GenerateRequest.model_json_schema(ref_template=_REF), components)
     sse = {"text/event-stream": {"schema": {"type": "string"}}}
     headers = [
@@ -136,6 +153,8 @@ def build_openapi() -> dict[str, Any]:
             "/tokenize": _tokenizer_route("tokenize", "TokenizeRequest",
                                           "{count, max_model_len, tokens, token_strs} (vLLM's shape)"),
             "/detokenize": _tokenizer_route("detokenize", "DetokenizeRequest", "{prompt} (vLLM's shape)"),
+            "/v1/load_lora_adapter": _lora_route("loadLoraAdapter", "LoadLoraAdapterRequest"),
+            "/v1/unload_lora_adapter": _lora_route("unloadLoraAdapter", "UnloadLoraAdapterRequest"),
             "/health": {"get": {"operationId": "health", "security": [], "responses": {
                 "200": {"description": "a model can be served: {status: healthy|degraded, type: gateway, "
                                        "configured_gpu_types, live_gpu_types, cluster, workers, models}",
