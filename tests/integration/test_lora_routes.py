@@ -99,3 +99,14 @@ async def test_several_models_need_the_body_model(make_gateway):
     gw = await make_gateway(setup=setup, allow_runtime_lora=True)
     resp = await gw.client.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/a/x"})
     assert_error(resp, 400, "invalid_request", "model")
+
+
+async def test_behind_auth_even_where_operational_routes_are_open(make_gateway):
+    gw = await make_gateway(setup=_setup, allow_runtime_lora=True, auth_mode="token", auth_tokens=("tok-1",),
+                            auth_exempt_operational=True)
+    body = {"lora_name": "x", "lora_path": "/a/x"}
+    assert_error(await gw.client.post("/v1/load_lora_adapter", json=body), 401, "UNAUTHORIZED")
+    assert_error(await gw.client.post("/v1/unload_lora_adapter", json={"lora_name": "sql"}), 401, "UNAUTHORIZED")
+    assert [c for c in gw.fake("a").lora_calls if c["action"] != "list"] == []  # (discovery lists the adapters)
+    resp = await gw.client.post("/v1/load_lora_adapter", json=body, headers={"Authorization": "Bearer tok-1"})
+    assert resp.status_code == 200
