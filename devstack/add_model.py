@@ -16,6 +16,7 @@ import re
 import sys
 from pathlib import Path
 
+from contract.profile import parse_profile
 from devstack.model_profile import Profile, derive
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +65,7 @@ def add_model(folder: Path, repository: Path, *, name: str | None = None, kind: 
     if kind not in _KINDS:
         raise ValueError(f"--kind must be one of {', '.join(_KINDS)}, not {kind!r}")
     profile = derive(folder, name=name, kind=kind, model_path=model_path, kv_memory_bytes=kv_memory_bytes)
+    parse_profile(profile.parameters)  # never write a profile the engine would refuse (contract/profile.py)
     target = repository / (triton_model or triton_name(profile.served_name))
     (target / "1").mkdir(parents=True, exist_ok=True)
     (target / "config.pbtxt").write_text(render_config(target.name, profile, kind), encoding="utf-8")

@@ -6,6 +6,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from contract.profile import parse_profile
+
 
 def sie_safe_id(canonical: str) -> str:
     """`org/name` -> `org__name` (the SIE-safe form used in URL paths)."""
@@ -45,37 +47,25 @@ class ModelProfile:
     def from_triton_config(cls, triton_model: str, parameters: dict[str, str],
                            inputs: frozenset[str] = frozenset()) -> ModelProfile:
         """Build a profile from a model config's `parameters` (string values, as Triton stores them) and the names
-        of the inputs it declares."""
+        of the inputs it declares.
 
-        def csv(key: str) -> frozenset[str]:
-            raw = parameters.get(key, "")
-            return frozenset(p.strip() for p in raw.split(",") if p.strip())
-
-        lora = json.loads(parameters.get("lora_paths") or "{}")
-        sampling = _json_object(parameters.get("default_sampling"))
+        Raises contract.profile.ProfileError, naming the key, for an unknown key or a bad value."""
+        p = parse_profile(parameters, reader="gateway")
         return cls(
-            name=parameters.get("served_name") or triton_model,
+            name=p.served_name or triton_model,
             triton_model=triton_model,
-            max_output_tokens=int(parameters.get("max_output_tokens", "4096")),
-            lora_adapters=frozenset(lora),
-            image_input=parameters.get("image_input", "false").lower() == "true",
-            grammar_kinds=csv("grammar_kinds"),
-            reasoning=parameters.get("reasoning", "false").lower() == "true",
-            streaming=parameters.get("streaming", "true").lower() == "true",
-            context_length=int(parameters["context_length"]) if parameters.get("context_length") else None,
-            default_temperature=_number(sampling.get("temperature")),
-            default_top_p=_number(sampling.get("top_p")),
+            max_output_tokens=p.max_output_tokens,
+            lora_adapters=frozenset(p.lora_paths),
+            image_input=p.image_input,
+            grammar_kinds=frozenset(p.grammar_kinds),
+            reasoning=p.reasoning,
+            streaming=p.streaming,
+            context_length=p.context_length if parameters.get("context_length", "").strip() else None,
+            default_temperature=_number(p.default_sampling.get("temperature")),
+            default_top_p=_number(p.default_sampling.get("top_p")),
             revision=hashlib.sha256(json.dumps([triton_model, parameters], sort_keys=True).encode()).hexdigest(),
             cache_salt_input="cache_salt" in inputs,
         )
-
-
-def _json_object(raw: str | None) -> dict:
-    try:
-        value = json.loads(raw or "{}")
-    except ValueError:  # the engine refuses such a profile at load; here it only loses its echoed defaults
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _number(value: object) -> float | None:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from contract.profile import ProfileError
 from gateway.discovery import DnsSource, Resolver, resolve_dns
 from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
 from gateway.lora_adapters import CONTROL_INPUT, with_live_adapters
@@ -96,7 +97,11 @@ class ModelRegistry:
             if state == "READY" and name in endpoint.withdrawn:
                 not_ready.add(name)  # Triton still says READY about a dead process (until it is reloaded)
             elif state == "READY":
-                profile = ModelProfile.from_triton_config(name, params, inputs)
+                try:
+                    profile = ModelProfile.from_triton_config(name, params, inputs)
+                except ProfileError as exc:  # not served; the other models are (contract/profile.py)
+                    log.error("model %s on %s is not served: %s", name, endpoint.name, exc)
+                    continue
                 if self.settings.allow_runtime_lora and CONTROL_INPUT in inputs:  # adapters loaded at run time
                     profile = await with_live_adapters(endpoint.client, profile)
                 models[profile.name] = profile

@@ -16,7 +16,6 @@ import socket
 import threading
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ import triton_python_backend_utils as pb_utils  # provided by the Python backend
 
 from contract.error_codes import lookup
 from engine.errors import EngineError
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.triton import lora_control
@@ -32,6 +31,7 @@ from engine.triton.cancel_probe import CancelProbe, ProbeRate
 from engine.triton.intake import SlowLane, checked_cache_salt
 from engine.triton.metrics import EngineMetrics
 from engine.triton.outbox import coalesce
+from engine.triton.profile_config import cache_path, engine_config, engine_profile
 from engine.triton.reply import FLAG_INPUTS, Reply
 
 log = logging.getLogger(__name__)
@@ -71,64 +71,25 @@ def _input_flags(request) -> dict[str, bool]:
     return flags
 
 
-def _cache_path(name: str) -> str:
-    """Model and adapter folders: absolute, or relative to SIE_MODEL_CACHE (default <repo>/.cache/models)."""
-    if os.path.isabs(name):
-        return name
-    cache = os.environ.get("SIE_MODEL_CACHE") or str(Path(__file__).resolve().parents[1] / ".cache" / "models")
-    return str(Path(cache) / name)
-
-
-def _read_model_file(model_dir: str, name: str) -> str:
-    with open(os.path.join(model_dir, name), encoding="utf-8") as f:
-        return f.read()
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
-        self.parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        # a bad or unknown profile key raises here: Triton marks the model unavailable with the message naming it
+        profile = engine_profile({k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         device = "cpu"
         if args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
-        p = self.parameters
-        self.engine = LLMEngine(
-            EngineConfig(
-                model_path=_cache_path(p["hf_model"]),
-                max_slots=int(p.get("max_slots", "64")),
-                max_len=int(p.get("context_length", "2048")),
-                prefill_budget=int(p.get("prefill_budget", "1024")),
-                burst_window_ms=float(p.get("burst_window_ms", "20")),
-                max_queue=int(p.get("max_queue", "256")),
-                kv_budget_tokens=int(p["kv_budget_tokens"]) if p.get("kv_budget_tokens") else None,
-                prefix_cache_tokens=int(p.get("prefix_cache_tokens", "8192")),
-                dtype=p.get("dtype", "auto"),  # auto: bf16 on GPU, fp32 on CPU; "bfloat16" where the CPU has it
-                reasoning=p.get("reasoning", "false").lower() == "true",
-                grammar_budget_s=float(p.get("grammar_compile_budget_s", "5")),
-                device=device,
-                lora_paths={name: _cache_path(path) for name, path in json.loads(p.get("lora_paths") or "{}").items()},
-                max_loras=int(p.get("max_loras", "8")),  # run-time LoRA bound and rank limit (docs/lora.md)
-                max_lora_rank=int(p.get("max_lora_rank", "64")),
-                model_impl=p.get("model_impl", "auto"),
-                # a file in the model's folder (args["model_repository"] is that folder)
-                chat_template=_read_model_file(args["model_repository"], p["chat_template"])
-                if p.get("chat_template") else None,
-                stop_tokens=[t for t in p.get("stop_tokens", "").split(",") if t] or None,
-                # KV events for KV-aware routers (docs/kv-memory.md): topic kv@<pod>@<served model>, as llm-d reads
-                kv_events_endpoint=p.get("kv_events_endpoint") or None,
-                kv_events_replay_endpoint=p.get("kv_events_replay_endpoint") or None,
-                kv_events_topic=f"kv@{os.environ.get('POD_NAME') or socket.gethostname()}@"
-                                f"{p.get('served_name', config['name'])}",
-            )
-        )
-        self.defaults = json.loads(p.get("default_sampling") or "{}")
+        # args["model_repository"] is the model's folder
+        self.engine = LLMEngine(engine_config(profile, model_dir=args["model_repository"], triton_name=config["name"],
+                                              device=device, pod=os.environ.get("POD_NAME") or socket.gethostname()))
+        self.defaults = profile.default_sampling
         # operator template settings win over the request's on conflict (e.g. enable_thinking)
-        self.template_kwargs = json.loads(p.get("chat_template_kwargs") or "{}")
+        self.template_kwargs = profile.chat_template_kwargs
         self.outbox: queue.SimpleQueue[tuple[Reply, RequestOutput] | None] = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_loop, name="response-sender", daemon=True)
         self.sender.start()
         self.metrics = EngineMetrics(pb_utils, self.engine, config["name"])
-        self.slow_lane = SlowLane(limit=int(p.get("max_queue", "256")))
+        self.slow_lane = SlowLane(limit=profile.max_queue)
         # is_cancelled round trips: a fixed rate for all live requests together
         self.cancel_rate = ProbeRate(lambda: self.engine.stats.running + self.engine.num_waiting)
         self.engine.on_fatal = self._die
@@ -140,7 +101,7 @@ class TritonPythonModel:
             try:
                 if pb_utils.get_input_tensor_by_name(request, lora_control.INPUT) is not None:
                     lora_control.answer(pb_utils, self.engine, _input_str(request, lora_control.INPUT), reply.sender,
-                                        partial(self._fail, reply), _cache_path)
+                                        partial(self._fail, reply), cache_path)
                     continue
                 if self._is_tokenizer_request(request):
                     self._answer_tokenizer(request, reply)
