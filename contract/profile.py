@@ -99,6 +99,10 @@ PARAMETERS: tuple[Parameter, ...] = (
 
 BY_NAME: dict[str, Parameter] = {p.name: p for p in PARAMETERS}
 
+# Keys Triton's Python backend itself reads from the same `parameters` (an isolated Python environment, CPU-only
+# input tensors): allowed beside the profile, read by neither of our sides.
+TRITON_KEYS = frozenset({"EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS"})
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -141,7 +145,7 @@ def parse_profile(raw: Mapping[str, str], reader: Reader = "both") -> Profile:
     An empty string means the default. `reader` says who asks: a key required by the other side only may be absent.
     """
     for key in raw:
-        if key not in BY_NAME:
+        if key not in BY_NAME and key not in TRITON_KEYS:
             close = difflib.get_close_matches(key, BY_NAME, n=1)
             hint = f"; did you mean `{close[0]}`?" if close else ""
             raise ProfileError(key, f"unknown key{hint}")

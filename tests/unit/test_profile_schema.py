@@ -102,6 +102,10 @@ def test_a_bad_value_is_named(key, value, says):
     assert err.value.key == key
 
 
+def test_the_python_backends_own_keys_are_not_profile_errors():
+    assert parse_profile({"hf_model": "m", "EXECUTION_ENV_PATH": "$$TRITON_MODEL_DIRECTORY/env.tar.gz"}).hf_model == "m"
+
+
 def test_hf_model_is_required_by_the_engine_only():
     with pytest.raises(ProfileError, match="`hf_model`: is required"):
         engine_profile({"served_name": "a/b"})
