@@ -182,7 +182,7 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     app.add_sink(models.retrieve, prefix=r"^/v1/models/")
     app.add_route("/v1/load_lora_adapter", LoraAdapterResource(settings, registry, "load"))
     app.add_route("/v1/unload_lora_adapter", LoraAdapterResource(settings, registry, "unload"))
-    app.add_route("/metrics", MetricsResource())
+    app.add_route("/metrics", MetricsResource(settings.engine_metrics_url, registry))
     openapi = build_openapi()
     app.add_route("/openapi.json", OpenAPIResource(openapi))
     app.add_route("/docs", DocsResource(openapi))

@@ -66,6 +66,9 @@ class Settings:
     responses_store_max_rows: int = 10_000
     responses_store_max_bytes: int = 256 * 1024 * 1024
     responses_store_ttl_s: float = 7 * 24 * 3600.0
+    # the pod's own Triton metrics (`http://localhost:8002/metrics`): /metrics adds the engine's gauges under vLLM's
+    # names for an endpoint picker (gateway/engine_gauges.py); unset: only the gateway's own metrics
+    engine_metrics_url: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -102,6 +105,7 @@ class Settings:
             responses_store_max_rows=int(env.get("SIE_RESPONSES_STORE_MAX_ROWS", "10000")),
             responses_store_max_bytes=int(env.get("SIE_RESPONSES_STORE_MAX_BYTES", str(256 * 1024 * 1024))),
             responses_store_ttl_s=float(env.get("SIE_RESPONSES_STORE_TTL_S", str(7 * 24 * 3600))),
+            engine_metrics_url=env.get("SIE_ENGINE_METRICS_URL") or None,
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from gateway import engine_gauges
 from gateway.drain import Drain
 from gateway.errors import format_retry_after
 from gateway.metrics import render_metrics
@@ -143,8 +144,19 @@ class ReadyResource:
 
 
 class MetricsResource:
+    """The gateway's metrics; with `engine_metrics_url` (the pod's own Triton), the engine's gauges under vLLM's
+    names after them, read at each scrape (gateway/engine_gauges.py)."""
+
+    def __init__(self, engine_metrics_url: str | None = None, registry: ModelRegistry | None = None) -> None:
+        self.engine_metrics_url = engine_metrics_url
+        self.registry = registry
+
     async def on_get(self, req, resp) -> None:
-        resp.data, resp.content_type = render_metrics()
+        body, resp.content_type = render_metrics()
+        if self.engine_metrics_url:
+            served = {p.triton_model: p.name for p in self.registry.profiles()} if self.registry else {}
+            body += (await engine_gauges.scrape(self.engine_metrics_url, served)).encode()
+        resp.data = body
 
 
 class OpenAPIResource:
