@@ -20,6 +20,7 @@ import asyncio
 import json
 import random
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,13 +44,20 @@ def kv_bytes_per_token(dtype: str) -> int:
     return 2 * config["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int) -> tuple[Path, int]:
+def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int, users: int) -> tuple[Path, int]:
+    """SmolLM2's folder with the KV memory split as the module says, the model's own context (vLLM serves its
+    max_position_embeddings, so a second turn of 1.2k tokens plus max_tokens 1024 is no 400 on either side), and a
+    slot for every user."""
     repo = repository_in_dtype(dest, dtype)
     total = int(kv_gib * 2**30) // kv_bytes_per_token(dtype)
     budget = total - prefix_tokens
+    context = json.loads((MODEL_DIR / "config.json").read_text())["max_position_embeddings"]
     config = repo / "smollm2_135m_instruct" / "config.pbtxt"
-    text = with_parameter(config.read_text(), "kv_budget_tokens", str(budget))
-    config.write_text(with_parameter(text, "prefix_cache_tokens", str(prefix_tokens)))
+    text = config.read_text()
+    for key, value in (("kv_budget_tokens", budget), ("prefix_cache_tokens", prefix_tokens),
+                       ("context_length", context), ("max_output_tokens", context), ("max_slots", users)):
+        text = with_parameter(text, key, str(value))
+    config.write_text(text)
     return repo, budget
 
 
@@ -61,6 +69,17 @@ def preemptions(url: str, name: str) -> float:
         return -1.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
                if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def timeline(url: str, stop: threading.Event, every_s: float = 15.0) -> None:
+    """Our engine's queue, running requests, KV use, preemptions and tokens every `every_s` during the load."""
+    names = {"sie_engine_num_requests_waiting": "waiting", "sie_engine_num_requests_running": "running",
+             "sie_engine_kv_cache_usage_perc": "kv", "sie_engine_num_preemptions_total": "preempted",
+             "sie_engine_generation_tokens_total": "tokens"}
+    t0 = time.monotonic()
+    while not stop.wait(every_s):
+        values = {label: preemptions(url, name) for name, label in names.items()}
+        print(f"  t={time.monotonic() - t0:4.0f}s " + " ".join(f"{k} {v:g}" for k, v in values.items()), flush=True)
 
 
 def alone_mismatches(base_url: str, load: ChatLoad, answers: dict[str, str], sample: int) -> int:
@@ -82,10 +101,15 @@ def alone_mismatches(base_url: str, load: ChatLoad, answers: dict[str, str], sam
 
 
 def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
-    repo, budget = our_repository(log_dir, args.dtype, args.kv_gib, args.prefix_tokens)
+    repo, budget = our_repository(log_dir, args.dtype, args.kv_gib, args.prefix_tokens, load.users)
     print(f"[ours] kv_budget_tokens {budget}, prefix_cache_tokens {args.prefix_tokens}", flush=True)
     with local_stack(repo, log_dir) as stack:
+        url = f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics"
+        stop = threading.Event()
+        watcher = threading.Thread(target=timeline, args=(url, stop), daemon=True)
+        watcher.start()
         out = measure(stack.base_url, load)
+        stop.set()
         out["figures"]["preemptions"] = preemptions(f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics",
                                                     "sie_engine_num_preemptions_total")
         if args.check_alone:

@@ -7,7 +7,8 @@ the running rows' blocks would pass the KV budget and brings them back by recomp
 (engine.core.slots, which states the slot invariant and how blocks are counted), and keys the prefix cache. It
 never runs a forward or samples: that is engine.core.engine_core's step.
 
-Preemption follows vLLM v1: by recompute, newest first, the preempted waiting at the front. A candidate keeps its
+Preemption follows vLLM v1: by recompute, newest first, the preempted brought back first whenever they fit (a new
+request that fits may start while they do not, a bounded number of times: _preempted_turn). A candidate keeps its
 generator, grammar state, detokenizer and streamed text while it waits; its prompt and tokens are prefilled again
 and it decodes on from its last token. With our CPU kernels a prefill computes the same K/V bits as the decode
 steps did (README, engine guarantees), so a preempted request's tokens are the ones it would have had.
@@ -54,7 +55,7 @@ class Scheduler:
         self.slots = SlotTable(runner.cache, kv_budget_tokens)
         self.max_slots, self.max_len, self.kv_budget = self.slots.max_slots, self.slots.max_len, self.slots.kv_budget
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
-        self.preempted: list[Sequence] = []  # candidates waiting to be recomputed (they go before any new request)
+        self.preempted: list[Sequence] = []  # candidates waiting to be recomputed (first when they fit)
         self.clock = time.monotonic  # injectable (tests)
         self._admissions = itertools.count()  # admission order: the newest running candidate is preempted first
         self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
@@ -146,7 +147,16 @@ class Scheduler:
             passed.bypassed += 1
         del self.waiting[index]
 
+    def _preempted_turn(self) -> bool:
+        """Whether new requests must wait for the preempted candidates. A preempted candidate is brought back
+        first whenever its blocks fit; while they do not, a new request whose prompt fits may start (its first
+        token should not wait for someone else's long answer), but each preempted candidate is passed over at most
+        BYPASS_LIMIT times, so it is never starved."""
+        return any(seq.bypassed >= BYPASS_LIMIT for seq in self.preempted)
+
     def _admit(self, group: SequenceGroup) -> None:
+        for seq in self.preempted:
+            seq.bypassed += 1
         group.admission = next(self._admissions)
         if group.admitted_at is None:  # once: a single short prompt is admitted again on the chunked path
             group.admitted_at = time.monotonic()
@@ -225,8 +235,8 @@ class Scheduler:
         """Waiting requests whose prompt (past its cached prefix) fits the step's budget (in order, see
         _admissible), for one batched prefill."""
         batch: list[SequenceGroup] = []
-        if self.preempted:
-            return batch  # preempted candidates come back first
+        if self._preempted_turn():
+            return batch
         slots, used = len(self.slots.decoding), self.slots.used_blocks()
         while group := self._admissible(slots, used, self.waiting.index(batch[-1]) + 1 if batch else 0):
             size = len(group.request.prompt_ids) - self._cached_tokens(group)
@@ -248,10 +258,10 @@ class Scheduler:
 
     def start_prefill(self) -> SequenceGroup | None:
         """The request whose prompt is being prefilled: the one in progress, else the next waiting one if it
-        fits (admitted now, its cached prefix loaded into its slot); None when nothing can start (a preempted
-        candidate is waiting or being recomputed: it goes first)."""
+        fits (admitted now, its cached prefix loaded into its slot); None when nothing can start (no room; a
+        preempted candidate being recomputed, or one whose turn it is: _preempted_turn)."""
         if self.slots.prefilling is None:
-            if self.preempted:
+            if self._preempted_turn():
                 return None
             group = self._admissible(len(self.slots.decoding), self.slots.used_blocks())
             if group is None:
@@ -366,13 +376,13 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.retire(seq)
-        seq.slot, seq.kv_len = -1, 0
+        seq.slot, seq.kv_len, seq.bypassed = -1, 0, 0
         self.preempted.append(seq)
 
     def _preempt_prefill(self, job: SequenceGroup | Recompute) -> None:
         self.slots.drop_prefill(owner(job))
         if isinstance(job, Recompute):
-            job.seq.slot, job.seq.kv_len = -1, 0
+            job.seq.slot, job.seq.kv_len, job.seq.bypassed = -1, 0, 0
             self.preempted.append(job.seq)
             return
         job.prefilled, job.cached_tokens, job.sequences = 0, 0, []  # its prompt runs again from the start

@@ -40,6 +40,7 @@ class Sequence:
         self.slot = -1
         self.kv_len = 0  # positions whose K/V are in the cache
         self.last_token_at: float | None = None  # when its latest token was sampled (inter-token latency)
+        self.bypassed = 0  # new requests admitted while it waited preempted (Scheduler._preempted_turn)
         self.cum_logprob = 0.0
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it

@@ -43,7 +43,8 @@ class EngineStats:
 
     @property
     def kv_usage(self) -> float:
-        return self.kv_used / self.kv_budget if self.kv_budget else 0.0
+        # between steps the count includes each row's next position, which the next step makes room for
+        return min(1.0, self.kv_used / self.kv_budget) if self.kv_budget else 0.0
 
     def observe(self, timing: str, seconds: float) -> None:
         self.timings[timing].append(max(seconds, 0.0))

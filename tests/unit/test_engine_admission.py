@@ -166,3 +166,28 @@ def test_a_preempted_stream_sends_a_heartbeat_while_it_waits(make_scheduler, rea
     assert len(run.outputs[victim]) == sent + 1 and beat.progress and beat.text == "" and not beat.final
     until_done_within_budget(run)
     assert run.final(victim).finish_reason == "length"
+
+
+def test_a_new_request_may_start_while_a_preempted_one_waits_but_only_so_often(make_scheduler, real_engine):
+    """A new prompt that fits gets its first token without waiting for someone else's long answer, but each
+    preempted candidate is passed over at most BYPASS_LIMIT times."""
+    from engine.core.scheduler import BYPASS_LIMIT
+
+    prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+    core = make_scheduler()
+    run = with_budget(core, 16 * BLOCK_TOKENS)
+    for i, ids in enumerate(prompts[:3]):
+        run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
+    for _ in range(400):
+        run.step()
+        if core.scheduler.preempted:
+            break
+    (waiting,) = core.scheduler.preempted
+    waiting.bypassed = BYPASS_LIMIT  # its turn: nothing new starts until it is back
+    run.add("held", prompts[3], greedy(4))
+    while waiting in core.scheduler.preempted:
+        run.step()
+        assert not run.outputs["held"]
+    waiting.bypassed = 0
+    until_done_within_budget(run)
+    assert run.final("held").finish_reason == "length"
