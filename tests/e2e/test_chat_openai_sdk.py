@@ -119,9 +119,12 @@ def test_models_list(openai_client):
     assert MODEL in ids
 
 
-def test_huge_n_times_max_tokens_is_refused_by_admission_control(openai_client):
+def test_a_request_that_could_never_fit_the_kv_memory_is_refused(openai_client):
+    """128 copies of a 700-token prompt pass SmolLM2's 65,536-position KV budget even before a token is generated:
+    a 400 naming `n` (what merely outgrows the budget runs, preempted if need be: docs/kv-memory.md)."""
+    long_prompt = [{"role": "user", "content": "Summarise this: " + "the quick brown fox jumps. " * 120}]
     with pytest.raises(openai.BadRequestError) as info:
-        openai_client.chat.completions.create(model=MODEL, messages=QUESTION, n=128, max_tokens=2000)
+        openai_client.chat.completions.create(model=MODEL, messages=long_prompt, n=128, max_tokens=8)
     assert info.value.param == "n"
     # the engine is unharmed
     reply = openai_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3)
