@@ -165,5 +165,6 @@ class EngineMetrics:
         self._step_seconds.clear()
         self._steps = None
         self._lora_info = None
+        self._cache_info = None
         self._metrics.clear()  # the metrics go first: a family must outlive its metrics
         self._families.clear()

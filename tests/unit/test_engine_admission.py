@@ -185,9 +185,11 @@ def test_a_new_request_may_start_while_a_preempted_one_waits_but_only_so_often(m
     (waiting,) = core.scheduler.preempted
     waiting.bypassed = BYPASS_LIMIT  # its turn: nothing new starts until it is back
     run.add("held", prompts[3], greedy(4))
-    while waiting in core.scheduler.preempted:
+    for _ in range(400):
         run.step()
-        assert not run.outputs["held"]
-    waiting.bypassed = 0
+        if run.outputs["held"]:
+            break
+    # by the new request's first token, the preempted candidate whose turn it was had been taken back
+    assert waiting not in core.scheduler.preempted
     until_done_within_budget(run)
     assert run.final("held").finish_reason == "length"
