@@ -61,8 +61,8 @@ def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int, us
     return repo, budget
 
 
-def preemptions(url: str, name: str) -> float:
-    """The server's own count of preempted requests (-1 when its metrics cannot be read)."""
+def metric_sum(url: str, name: str) -> float:
+    """The sum of a metric's series on a Prometheus page (-1 when it cannot be read)."""
     try:
         body = httpx.get(url, timeout=10).text
     except httpx.HTTPError:
@@ -78,7 +78,7 @@ def timeline(url: str, stop: threading.Event, every_s: float = 15.0) -> None:
              "sie_engine_generation_tokens_total": "tokens"}
     t0 = time.monotonic()
     while not stop.wait(every_s):
-        values = {label: preemptions(url, name) for name, label in names.items()}
+        values = {label: metric_sum(url, name) for name, label in names.items()}
         print(f"  t={time.monotonic() - t0:4.0f}s " + " ".join(f"{k} {v:g}" for k, v in values.items()), flush=True)
 
 
@@ -110,7 +110,7 @@ def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
         watcher.start()
         out = measure(stack.base_url, load)
         stop.set()
-        out["figures"]["preemptions"] = preemptions(f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics",
+        out["figures"]["preemptions"] = metric_sum(f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics",
                                                     "sie_engine_num_preemptions_total")
         if args.check_alone:
             out["figures"]["alone_mismatches"] = alone_mismatches(stack.base_url, load, out["answers"],
@@ -121,7 +121,7 @@ def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
 def run_vllm(args, load: ChatLoad, log_dir: Path) -> dict:
     def at(url: str) -> dict:
         out = measure(url, load)
-        out["figures"]["preemptions"] = preemptions(f"{url}/metrics", "vllm:num_preemptions_total")
+        out["figures"]["preemptions"] = metric_sum(f"{url}/metrics", "vllm:num_preemptions_total")
         if args.check_alone:
             out["figures"]["alone_mismatches"] = alone_mismatches(url, load, out["answers"], args.check_alone)
         return out

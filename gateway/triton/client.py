@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -40,6 +40,8 @@ from gateway.triton.codec import (
     is_final,
     parse_error_message,
 )
+
+T = TypeVar("T")
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -116,31 +118,25 @@ class TritonClient:
 
     async def tokenize(self, triton_model: str, task: TokenizerTask, request_id: str) -> TokenizerResult:
         """Tokenize (a prompt, or chat messages through the template) or detokenize; generates nothing."""
-        result: TokenizerResult | None = None
-        async with contextlib.aclosing(self._responses(encode_tokenizer_request(triton_model, task,
-                                                                                request_id))) as responses:
+        return await self._answer(encode_tokenizer_request(triton_model, task, request_id), decode_tokenizer_response)
+
+    async def lora_control(self, triton_model: str, control: dict[str, Any], request_id: str) -> list[str]:
+        """Load, unload or list the model's LoRA adapters (docs/triton-contract.md); returns those it serves after."""
+        return await self._answer(encode_lora_control(triton_model, control, request_id), decode_lora_adapters)
+
+    async def _answer(self, request: service_pb2.ModelInferRequest,
+                      decode: Callable[[service_pb2.ModelInferResponse], T]) -> T:
+        """A control request's one answer (its final response), decoded."""
+        result: T | None = None
+        async with contextlib.aclosing(self._responses(request)) as responses:
             async for response in responses:
                 try:
-                    result = decode_tokenizer_response(response)
+                    result = decode(response)
                 except MalformedResponse as exc:
                     raise MalformedWorkerResponse(str(exc)) from None
         if result is None:  # pragma: no cover - _responses raises when the stream ends without a response
             raise UpstreamUnavailable("the model stream ended before the request finished")
         return result
-
-    async def lora_control(self, triton_model: str, control: dict[str, Any], request_id: str) -> list[str]:
-        """Load, unload or list the model's LoRA adapters (docs/triton-contract.md); returns those it serves after."""
-        names: list[str] | None = None
-        async with contextlib.aclosing(self._responses(encode_lora_control(triton_model, control,
-                                                                           request_id))) as responses:
-            async for response in responses:
-                try:
-                    names = decode_lora_adapters(response)
-                except MalformedResponse as exc:
-                    raise MalformedWorkerResponse(str(exc)) from None
-        if names is None:  # pragma: no cover - _responses raises when the stream ends without a response
-            raise UpstreamUnavailable("the model stream ended before the request finished")
-        return names
 
     async def _responses(
         self, request: service_pb2.ModelInferRequest
