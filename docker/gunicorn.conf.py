@@ -64,6 +64,12 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sie-gateway-metrics-")
 
+# State the workers share (gateway/adapter_changes.py): a fresh folder per gateway start, as for the metrics.
+if not os.environ.get("SIE_GATEWAY_STATE_DIR"):
+    import tempfile
+
+    os.environ["SIE_GATEWAY_STATE_DIR"] = tempfile.mkdtemp(prefix="sie-gateway-state-")
+
 
 def child_exit(server, worker) -> None:
     from prometheus_client import multiprocess

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from contract.profile import ProfileError
+from gateway.adapter_changes import AdapterChanges
 from gateway.discovery import DnsSource, Resolver, resolve_dns
 from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
 from gateway.lora_adapters import CONTROL_INPUT, with_live_adapters
@@ -60,6 +61,7 @@ class ModelRegistry:
         self._refresh_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._probe_task: asyncio.Task | None = None
+        self.adapter_changes = AdapterChanges(settings.state_dir)
         self.supervisor = ModelSupervisor(self)
 
     async def refresh(self) -> None:
@@ -82,6 +84,16 @@ class ModelRegistry:
                 return self.refreshed_at >= started
             await self.refresh()
             return True
+
+    async def catch_up(self) -> None:
+        """Refresh first when a sibling worker changed the run-time LoRA adapters since this one last looked."""
+        if self.adapter_changes.pending() is None:
+            return
+        async with self._refresh_lock:
+            stamp = self.adapter_changes.pending()
+            if stamp is not None:  # not already caught up by a concurrent caller
+                await self.refresh()
+                self.adapter_changes.seen = stamp
 
     async def _refresh_endpoint(self, endpoint: Endpoint) -> None:
         try:
@@ -212,6 +224,7 @@ class ModelRegistry:
 
         Before a 404/503 the registry re-asks Triton (shared, at most once a second): it may be behind (a
         worker's first request, a model that has just loaded)."""
+        await self.catch_up()
         try:
             return self._lookup(requested)
         except (ModelNotFound, Unavailable):  # Provisioning included

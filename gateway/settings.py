@@ -69,6 +69,9 @@ class Settings:
     # the pod's own Triton metrics (`http://localhost:8002/metrics`): /metrics adds the engine's gauges under vLLM's
     # names for an endpoint picker (gateway/engine_gauges.py); unset: only the gateway's own metrics
     engine_metrics_url: str | None = None
+    # a folder every gunicorn worker of this gateway shares (docker/gunicorn.conf.py makes one per start): a run-time
+    # LoRA change made through one worker is seen by the others before their next request (gateway/adapter_changes.py)
+    state_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -106,6 +109,7 @@ class Settings:
             responses_store_max_bytes=int(env.get("SIE_RESPONSES_STORE_MAX_BYTES", str(256 * 1024 * 1024))),
             responses_store_ttl_s=float(env.get("SIE_RESPONSES_STORE_TTL_S", str(7 * 24 * 3600))),
             engine_metrics_url=env.get("SIE_ENGINE_METRICS_URL") or None,
+            state_dir=env.get("SIE_GATEWAY_STATE_DIR") or None,
         )
 
 

@@ -55,6 +55,7 @@ class LoraAdapterResource:
                 raise result
             else:
                 adopt(endpoint, profile.triton_model, result)
+        self.registry.adapter_changes.announce()  # the sibling workers refresh before their next request
         if failure is not None:  # the endpoints that did change are listed as they are now
             raise failure
         resp.content_type = "text/plain; charset=utf-8"
@@ -67,6 +68,7 @@ class LoraAdapterResource:
             return profile
         if not self.registry.refreshed_once:
             await self.registry.refresh()
+        await self.registry.catch_up()
         served = self.registry.profiles()
         if len(served) == 1:
             return served[0]

@@ -49,6 +49,7 @@ class ModelsResource:
     async def on_get(self, req, resp) -> None:
         if not self.registry.refreshed_once:
             await self.registry.refresh()
+        await self.registry.catch_up()
         profiles = self.registry.profiles()
         models = [self._model(p) for p in profiles]
         # each LoRA adapter is a model id of its own for OpenAI clients, with its base as `parent` (vLLM's listing)

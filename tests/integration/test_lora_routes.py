@@ -1,6 +1,6 @@
 """POST /v1/load_lora_adapter and /v1/unload_lora_adapter against fake endpoints that keep an adapter list as the
 engine does (engine/triton/lora_control.py): off by default, fanned out to every endpoint, listed at once and after
-a refresh, usable as `model` and `lora_adapter`, gone after an unload."""
+a refresh, usable as `model` and `lora_adapter`, gone after an unload, and the same on every worker at once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from gateway.errors import worker_error
 from gateway.settings import EndpointConfig
 
-from .conftest import MODEL, FakeTriton, assert_error, one_pool
+from .conftest import MODEL, FakeTriton, Gateway, assert_error, one_pool
 
 
 def _lora_engine(fake: FakeTriton) -> None:
@@ -110,3 +110,26 @@ async def test_behind_auth_even_where_operational_routes_are_open(make_gateway):
     assert [c for c in gw.fake("a").lora_calls if c["action"] != "list"] == []  # (discovery lists the adapters)
     resp = await gw.client.post("/v1/load_lora_adapter", json=body, headers={"Authorization": "Bearer tok-1"})
     assert resp.status_code == 200
+
+
+async def test_a_change_made_through_one_worker_is_seen_by_its_sibling_on_the_next_request(make_gateway, tmp_path):
+    """Two gunicorn workers: their own registries, the same engines, one shared state folder. No background refresh
+    runs here, so the sibling knows only what the shared marker tells it."""
+    first = await make_gateway(setup=_setup, allow_runtime_lora=True, state_dir=str(tmp_path))
+    sibling = Gateway(first.settings, first.fakes)
+    try:
+        await sibling.registry.refresh()
+        assert await _ids(sibling) == [MODEL, "sql"]
+
+        loaded = await first.client.post("/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": "/a/p"})
+        assert loaded.status_code == 200
+        assert await _ids(sibling) == [MODEL, "pirate", "sql"]
+        assert (await sibling.chat(model="pirate")).status_code == 200
+
+        unloaded = await sibling.client.post("/v1/unload_lora_adapter", json={"lora_name": "pirate"})
+        assert unloaded.status_code == 200
+        assert_error(await first.chat(model="pirate"), 404, "model_not_found", "model")
+        assert_error(await first.chat(lora_adapter="pirate"), 400, "unknown_lora_adapter", "lora_adapter")
+        assert await _ids(first) == [MODEL, "sql"]
+    finally:
+        await sibling.client.aclose()
