@@ -113,8 +113,11 @@ def _nucleus(values: torch.Tensor, settings: torch.Tensor, has_k: list[bool], fu
         norm = torch.where(with_k, values.logsumexp(dim=-1), full_lse)
         probs = (values - norm[:, None]).exp()
         short = ~with_k & (probs.sum(dim=-1) < top_ps)
-    # keep the smallest prefix whose mass reaches top_p (the top token always survives)
-    probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) >= top_ps[:, None], 0.0)
+    # keep the smallest prefix whose mass reaches top_p; the top token always survives, also when top_p (valid when
+    # above 0) is 0 in the logits' dtype (5e-324 is in float32), which would otherwise mask every candidate
+    drop = (probs.cumsum(dim=-1) - probs) >= top_ps[:, None]
+    drop[:, 0] = False
+    probs = probs.masked_fill(drop, 0.0)
     return probs, short
 
 

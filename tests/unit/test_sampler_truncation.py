@@ -83,3 +83,13 @@ def test_sparse_penalties_equal_dense_ones():
         sparse = penalise_sparse(sub.clone(), counts, with_prompt, rep, pres, freq)
         assert torch.equal(dense, sparse)
         assert not torch.equal(dense, sub)
+
+
+@pytest.mark.parametrize("top_k", [0, 600])
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 1e-9])  # valid (> 0); the first two are 0 in the logits' dtype
+def test_a_vanishing_top_p_keeps_the_top_token(top_p, top_k):
+    """top_p only just above 0 keeps the top token alone: it is drawn, never an index past the candidates."""
+    sampler = Sampler(V, set())
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(5))
+    rows = [Row(SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k), seed) for seed in range(4)]
+    assert sampler.sample(logits.repeat(4, 1), rows).tokens == [int(logits.argmax())] * 4
