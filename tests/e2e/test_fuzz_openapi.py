@@ -12,6 +12,8 @@ from tests.e2e.conftest import TOKEN  # noqa: E402
 
 
 def _check(response) -> None:
+    if response.status_code == 503 and response.json()["error"]["param"] == "X-SIE-MACHINE-PROFILE":
+        return  # a machine profile no pool has is a 503 by the contract (docs/contract.md)
     assert response.status_code < 500, response.text[:500]
     if response.status_code >= 400:
         error = response.json()["error"]
