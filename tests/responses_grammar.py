@@ -17,21 +17,6 @@ TERMINALS = ("response.completed", "response.incomplete", "response.failed")
 _PART_EVENTS = {"message": "output_text", "reasoning": "reasoning_text"}
 
 
-def parse_named_sse(body: str) -> list[dict[str, Any]]:
-    """`event: <type>` + `data: <json>` blocks (comments skipped); the event name must match `type`."""
-    events = []
-    for block in body.split("\n\n"):
-        lines = [line for line in block.split("\n") if line and not line.startswith(":")]
-        if not lines:
-            continue
-        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block
-        event = json.loads(lines[1][len("data: "):])
-        assert event["type"] == lines[0][len("event: "):], block
-        events.append(event)
-    assert "[DONE]" not in body
-    return events
-
-
 def check_grammar(events: list[dict[str, Any]]) -> dict[str, Any]:
     """Assert the grammar; return the terminal event's response (its items checked against the stream)."""
     assert [e["sequence_number"] for e in events] == list(range(len(events)))

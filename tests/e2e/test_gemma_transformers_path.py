@@ -11,6 +11,8 @@ import json
 import httpx
 import pytest
 
+from tests.helpers.sse import data_payloads
+
 GEMMA = "google/gemma-3-270m"
 GEMMA_SIE = "google__gemma-3-270m"
 FRANCE = "The capital of France is"
@@ -54,7 +56,7 @@ def test_native_generate_blocking_and_streamed(stack):
     assert blocking["model"] == GEMMA and blocking["usage"]["completion_tokens"] > 0
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as s:
         assert s.status_code == 200
-        payloads = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+        payloads = list(data_payloads(s.iter_lines()))
     assert payloads[-1] == "[DONE]"
     events = [json.loads(p) for p in payloads[:-1]]
     assert "".join(e["text_delta"] for e in events) == blocking["text"]

@@ -7,10 +7,7 @@ import json
 import httpx
 
 from tests.e2e.conftest import MODEL, SIE_MODEL
-
-
-def _sse_payloads(response: httpx.Response) -> list[str]:
-    return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+from tests.helpers.sse import data_payloads
 
 
 def test_blocking_generate(stack):
@@ -34,7 +31,7 @@ def test_streaming_generate_with_logprobs(stack):
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["cache-control"] == "no-cache"
-        payloads = _sse_payloads(r)
+        payloads = list(data_payloads(r.iter_lines()))
     assert payloads[-1] == "[DONE]"
     events = [json.loads(p) for p in payloads[:-1]]
     assert [e["seq"] for e in events] == list(range(len(events)))

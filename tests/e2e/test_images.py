@@ -9,6 +9,7 @@ import json
 import httpx
 
 from tests.e2e.conftest import MODEL, SIE_MODEL
+from tests.helpers.sse import DONE, data_payloads
 
 VLM = "sie-test/tiny-llava"
 SIE_VLM = "sie-test__tiny-llava"
@@ -57,7 +58,7 @@ def test_chat_with_an_image_streams(stack):
     with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=chat_body(VLM, stream=True),
                       timeout=60) as r:
         assert r.status_code == 200
-        payloads = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        payloads = list(data_payloads(r.iter_lines()))
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
@@ -83,8 +84,7 @@ def test_the_vlm_sees_the_pixels(stack):
                 "logprobs": True, "top_logprobs": 5, "images": [{"data": b64(png(color)), "format": "png"}]}
         with httpx.stream("POST", f"{stack.base_url}/v1/generate/{SIE_VLM}", json=body, timeout=60) as r:
             assert r.status_code == 200
-            events = [json.loads(line[6:]) for line in r.iter_lines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]
+            events = [json.loads(p) for p in data_payloads(r.iter_lines()) if p != DONE]
         entries = [lp for e in events for lp in (e.get("logprobs") or [])]
         return [(t["token"], round(t["logprob"], 5)) for t in entries[0]["top_logprobs"]]
 

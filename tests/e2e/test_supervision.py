@@ -27,6 +27,7 @@ import httpx
 from devstack.stack import local_stack
 from devstack.triton import REPO_ROOT
 from tests.e2e.conftest import MODEL, Stack
+from tests.helpers.sse import data_payloads
 
 TRITON_MODEL = "smollm2_135m_instruct"
 DETECT_WITHIN_S = 10.0  # probe every 2 s + the backend's 1 s answer, with room for a loaded box
@@ -100,17 +101,14 @@ def _kill_the_stub_and_watch_it_come_back(stack: Stack) -> None:
             "model": MODEL, "max_tokens": 1500, "stream": True, "temperature": 0.8,
             "messages": [{"role": "user", "content": "Tell me a very long story."}]}) as stream:
         assert stream.status_code == 200
-        lines = stream.iter_lines()
-        for line in lines:
-            if line.startswith("data: "):
-                events.append(line[6:])
+        payloads = data_payloads(stream.iter_lines())
+        for payload in payloads:
+            events.append(payload)
             if len(events) == 5:
                 break
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        for line in lines:
-            if line.startswith("data: "):
-                events.append(line[6:])
+        events.extend(payloads)
         stream_ended = time.monotonic() - killed
     # the stream ends with an error event and [DONE], within seconds (it sat silent until the 60 s inter-chunk
     # timeout before)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from gateway.errors import worker_error
-from tests.integration.conftest import DONE, HANG, MODEL, Comment, Delay, data_events, ev, parse_sse, tokens
+from tests.helpers.sse import DONE, Comment, data_events, parse_sse
+from tests.integration.conftest import HANG, MODEL, Delay, ev, tokens
 
 FINGERPRINT = re.compile(r"^fp_[0-9a-f]{16}$")
 HEAD_KEYS = {"id", "object", "created", "model", "system_fingerprint", "choices"}

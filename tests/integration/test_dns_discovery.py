@@ -16,16 +16,8 @@ from gateway.profile import ModelProfile
 from gateway.registry import ModelRegistry
 from gateway.router import Router, RoutingHints
 from gateway.settings import PoolConfig, Settings
-from tests.integration.conftest import (
-    BASE_PARAMS,
-    MODEL,
-    TRITON_MODEL,
-    Delay,
-    FakeTriton,
-    data_events,
-    parse_sse,
-    tokens,
-)
+from tests.helpers.sse import data_events, parse_sse
+from tests.integration.conftest import BASE_PARAMS, MODEL, TRITON_MODEL, Delay, FakeTriton, tokens
 
 DNS = "sie-triton:8001"
 

@@ -8,9 +8,9 @@ import msgpack
 import pytest
 
 from gateway.errors import worker_error
+from tests.helpers.sse import DONE, parse_sse
 from tests.integration.conftest import (
     BASE_PARAMS,
-    DONE,
     HANG,
     MODEL,
     SIE_MODEL,
@@ -18,7 +18,6 @@ from tests.integration.conftest import (
     Delay,
     assert_error,
     ev,
-    parse_sse,
     tokens,
 )
 

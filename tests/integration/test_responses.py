@@ -8,8 +8,9 @@ import asyncio
 import pytest
 
 from gateway.errors import WorkerError, worker_error
+from tests.helpers.sse import parse_named_sse
 from tests.integration.conftest import BASE_PARAMS, HANG, MODEL, TRITON_MODEL, assert_error, ev, raw_call, tokens
-from tests.responses_grammar import check_grammar, parse_named_sse
+from tests.responses_grammar import check_grammar
 
 CALL = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 TOOL = {"type": "function", "name": "get_weather", "description": "weather",

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import DONE, MODEL, SIE_MODEL, assert_error, data_events, ev, parse_sse
+from tests.helpers.sse import DONE, data_events, parse_sse
+from tests.integration.conftest import MODEL, SIE_MODEL, assert_error, ev
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 GENERATE = {"prompt": "Once upon", "max_new_tokens": 2048}
