@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.stack import local_stack
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
+from tests.helpers.prometheus import metric_value, scrape
 from tests.tiny_vlm import ensure_tiny_vlm
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -31,12 +31,7 @@ class Stack:
     triton_pid: int = 0
 
     def triton_metric(self, name: str) -> float:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5).read().decode()
-        total = 0.0
-        for line in body.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_value(scrape(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5), name)
 
 
 @pytest.fixture(scope="session")

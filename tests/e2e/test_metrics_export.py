@@ -5,30 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 
 import httpx
 import yaml
+from prometheus_client.samples import Sample
 
 from devstack.triton import REPO_ROOT
 from tests.e2e.conftest import MODEL
+from tests.helpers.prometheus import samples, scrape
 
 DEPLOY = REPO_ROOT / "deploy"
 _METRIC = re.compile(r"\b((?:sie|nv)_[a-z0-9_]+)\b")
-
-
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
-
-
-def _samples(body: str) -> dict[str, list[str]]:
-    """Sample name -> its lines."""
-    samples: dict[str, list[str]] = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            samples.setdefault(re.split(r"[{ ]", line, maxsplit=1)[0], []).append(line)
-    return samples
 
 
 def _named_by_the_deployment() -> dict[str, set[str]]:
@@ -50,8 +37,8 @@ def test_every_metric_the_dashboard_hpa_and_adapter_name_is_exported(stack):
     assert reply.status_code == 200
     # a labelled counter has no series until its first sample: one error for the errors-by-code panel
     assert httpx.post(stack.base_url + "/v1/chat/completions", json={"model": MODEL}, timeout=30).status_code == 400
-    exported = _samples(_scrape(f"http://127.0.0.1:{stack.triton.metrics}/metrics"))
-    exported.update(_samples(_scrape(stack.base_url + "/metrics")))
+    exported = samples(scrape(f"http://127.0.0.1:{stack.triton.metrics}/metrics"))
+    exported.update(samples(scrape(stack.base_url + "/metrics")))
     named = _named_by_the_deployment()
     assert all(named.values()), named
     for source, names in named.items():
@@ -60,16 +47,18 @@ def test_every_metric_the_dashboard_hpa_and_adapter_name_is_exported(stack):
 
 
 def test_engine_metrics_carry_the_model_label_and_vllm_buckets(stack):
-    samples = _samples(_scrape(f"http://127.0.0.1:{stack.triton.metrics}/metrics"))
+    exported = samples(scrape(f"http://127.0.0.1:{stack.triton.metrics}/metrics"))
+
+    def ours(name: str) -> list[Sample]:
+        return [s for s in exported[name] if s.labels.get("model") == "smollm2_135m_instruct"]
+
     for name in ("sie_engine_num_requests_waiting", "sie_engine_kv_cache_usage_perc",
                  "sie_engine_time_to_first_token_seconds_bucket", "sie_engine_generation_tokens_total"):
-        assert any('model="smollm2_135m_instruct"' in line for line in samples[name]), name
-    ttft = [line for line in samples["sie_engine_time_to_first_token_seconds_bucket"]
-            if 'model="smollm2_135m_instruct"' in line]
-    bounds = [float(re.search(r'le="([^"]+)"', line).group(1)) for line in ttft]
+        assert ours(name), name
+    bounds = [float(s.labels["le"]) for s in ours("sie_engine_time_to_first_token_seconds_bucket")]
     assert bounds[:3] == [0.001, 0.005, 0.01] and bounds[-2:] == [2560.0, float("inf")]
-    assert "sie_engine_ttft_seconds_last" not in samples and "sie_engine_tpot_seconds_last" not in samples
+    assert "sie_engine_ttft_seconds_last" not in exported and "sie_engine_tpot_seconds_last" not in exported
     # vLLM's cache_config_info, which KV-aware routers read: the block size and the KV budget in blocks
-    (info,) = [line for line in samples["sie_engine_cache_config_info"] if 'model="smollm2_135m_instruct"' in line]
-    assert 'block_size="16"' in info and int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1)) > 0
-    assert any('model="smollm2_135m_instruct"' in line for line in samples["sie_engine_num_preemptions_total"])
+    (info,) = ours("sie_engine_cache_config_info")
+    assert info.labels["block_size"] == "16" and int(info.labels["num_gpu_blocks"]) > 0
+    assert ours("sie_engine_num_preemptions_total")

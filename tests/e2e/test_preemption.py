@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 from bench.peer_runs import with_parameter
 from devstack.stack import LocalStack, local_stack
 from devstack.triton import REPO_ROOT
+from tests.helpers.prometheus import metric_value, scrape
 
 from .conftest import MODEL
 
@@ -47,10 +48,7 @@ async def _chat(client: AsyncOpenAI, question: str) -> tuple[str, int]:
 
 
 def _metric(stack: LocalStack, name: str) -> float:
-    import httpx
-
-    body = httpx.get(f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{"))
+    return metric_value(scrape(f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics"), name)
 
 
 def test_preempted_answers_equal_the_same_requests_alone(small_kv_stack):

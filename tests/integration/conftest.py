@@ -219,39 +219,7 @@ async def gw(make_gateway: Callable[..., Any]) -> Gateway:
     return await make_gateway()
 
 
-# -- SSE and envelopes --------------------------------------------------------------------------
-
-DONE = "[DONE]"
-
-
-@dataclass
-class Comment:
-    text: str
-
-
-def parse_sse(body: str) -> list[Any]:
-    """Events in order: decoded JSON payloads, the string "[DONE]", or Comment for `:` lines.
-
-    Also checks the framing the SDK relies on: only `data:` and comment lines, blank-line separated.
-    """
-    items: list[Any] = []
-    assert body.endswith("\n\n"), body[-80:]
-    for block in body.split("\n\n")[:-1]:
-        lines = block.split("\n")
-        assert len(lines) == 1, f"one line per event, got {lines!r}"
-        line = lines[0]
-        if line.startswith(":"):
-            items.append(Comment(line[1:].strip()))
-            continue
-        assert line.startswith("data: "), line
-        data = line[len("data: "):]
-        items.append(DONE if data == DONE else json.loads(data))
-    return items
-
-
-def data_events(items: list[Any]) -> list[Any]:
-    return [i for i in items if not isinstance(i, Comment)]
-
+# -- envelopes ----------------------------------------------------------------------------------
 
 def assert_error(resp: httpx.Response, status: int, code: str, param: str | None = None,
                  type_: str | None = None) -> dict[str, Any]:
@@ -324,17 +292,3 @@ def raw_call(app: Any, path: str, body: dict[str, Any], headers: dict[str, str] 
 
     return exchange, run
 
-
-# -- Prometheus samples ---------------------------------------------------------------------------
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` whose labels include `labels`, in a /metrics body (0 when absent).
-    The registry is process-wide, so tests compare a value before and after their own requests."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if all(f'{key}="{want}"' in head for key, want in labels.items()):
-            total += float(value)
-    return total

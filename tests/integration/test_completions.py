@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import worker_error
+from tests.helpers.prometheus import metric_value
+from tests.helpers.sse import DONE, data_events, parse_sse
 from tests.integration.conftest import (
-    DONE,
     HANG,
     MODEL,
     SIE_MODEL,
@@ -20,10 +21,7 @@ from tests.integration.conftest import (
     Delay,
     assert_error,
     assert_sie_headers,
-    data_events,
     ev,
-    metric_value,
-    parse_sse,
     raw_call,
     tokens,
 )

@@ -14,20 +14,9 @@ from gateway.drain import Drain, deadline_for
 from gateway.metrics import render_metrics
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
-from tests.integration.conftest import (
-    DONE,
-    HANG,
-    MODEL,
-    SIE_MODEL,
-    Delay,
-    FakeTriton,
-    assert_error,
-    data_events,
-    metric_value,
-    one_pool,
-    parse_sse,
-    tokens,
-)
+from tests.helpers.prometheus import metric_value
+from tests.helpers.sse import DONE, data_events, parse_sse
+from tests.integration.conftest import HANG, MODEL, SIE_MODEL, Delay, FakeTriton, assert_error, one_pool, tokens
 
 GRACEFUL_S = 0.4  # deadline 0.3 s after SIGTERM
 

@@ -9,7 +9,8 @@ import pytest
 
 from gateway.metrics import render_metrics
 from gateway.settings import EndpointConfig, PoolConfig
-from tests.integration.conftest import HANG, MODEL, SIE_MODEL, Delay, ev, metric_value, one_pool, raw_call
+from tests.helpers.prometheus import metric_value
+from tests.integration.conftest import HANG, MODEL, SIE_MODEL, Delay, ev, one_pool, raw_call
 
 # every route that streams, with the smallest streaming body each accepts
 STREAMING_ROUTES = [

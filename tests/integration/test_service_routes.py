@@ -10,6 +10,7 @@ import pytest
 
 from gateway.resources.health import READY_MAX_AGE_S
 from gateway.settings import EndpointConfig
+from tests.helpers.prometheus import metric_value
 from tests.integration.conftest import (
     BASE_PARAMS,
     MAX_OUTPUT,
@@ -18,7 +19,6 @@ from tests.integration.conftest import (
     TRITON_MODEL,
     assert_error,
     assert_sie_headers,
-    metric_value,
     one_pool,
     tokens,
 )
