@@ -24,6 +24,8 @@ from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from gateway.router import _rendezvous_score
 from tests.e2e.conftest import STUB
+from tests.helpers.sse import DONE, data_payloads
+from tests.helpers.waiting import wait_until
 
 TOKEN_DELAY_S = 0.05
 GENERATE = f"/v1/generate/{STUB}"
@@ -47,17 +49,15 @@ def _stream(base_url: str, max_tokens: int, first: threading.Event | None = None
         if resp.status_code != 200:
             resp.read()
             return Outcome(resp.status_code, resp.text, 0, None, 0.0, time.monotonic())
-        for line in resp.iter_lines():
-            if not line.startswith("data: "):
-                continue
+        for payload in data_payloads(resp.iter_lines()):
             if not first_at:
                 first_at = time.monotonic()
                 if first is not None:
                     first.set()
-            if line == "data: [DONE]":
+            if payload == DONE:
                 dones += 1
                 continue
-            event = orjson.loads(line[6:])
+            event = orjson.loads(payload)
             text.append(event.get("text_delta", ""))
             if event.get("error"):
                 error = event["error"]["code"]
@@ -148,10 +148,8 @@ def test_no_connection_is_taken_after_sigterm_even_while_a_worker_has_not_seen_i
     late = None
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz")
-        deadline = time.monotonic() + 60
-        while (tmp_path / "gateway.log").read_text().count("Application startup complete") < 2:
-            assert time.monotonic() < deadline, "two workers never started"
-            time.sleep(0.1)
+        wait_until(lambda: (tmp_path / "gateway.log").read_text().count("Application startup complete") >= 2, 60,
+                   "two workers never started")
         late = psutil.Process(gateway.pid).children()[1]
         late.suspend()  # this worker will not act on its SIGTERM until resumed
         gateway.send_signal(signal.SIGTERM)

@@ -11,6 +11,8 @@ import time
 import httpx
 
 from tests.e2e.conftest import MODEL, STUB, TOKEN, StubStack
+from tests.helpers.sse import data_payloads
+from tests.helpers.waiting import poll
 
 SECRET_PROMPT = "zebra-violet-secret-prompt-4711"
 SECRET_USER = "user-secret-8832"
@@ -72,10 +74,7 @@ def test_tritonserver_killed_mid_stream_then_back(stub):
     with httpx.stream("POST", f"{stub.url}/v1/generate/{STUB}", headers=stub.headers, timeout=60,
                       json={"prompt": "hi", "max_new_tokens": 90000, "stream": True}) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            payload = line[6:]
+        for payload in data_payloads(r.iter_lines()):
             events.append(payload)
             if len(events) == 50:
                 stub.kill_triton()
@@ -87,11 +86,7 @@ def test_tritonserver_killed_mid_stream_then_back(stub):
     assert blocking.status_code == 503 and "Retry-After" in blocking.headers
     assert httpx.get(stub.url + "/readyz", timeout=10).status_code == 503
     stub.start_triton()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if _generate(stub, 3, False).status_code == 200:
-            break
-        time.sleep(0.5)
+    poll(lambda: _generate(stub, 3, False).status_code == 200, 30, interval_s=0.5)
     assert _generate(stub, 3, False).status_code == 200
     assert httpx.get(stub.url + "/readyz", timeout=10).status_code == 200
 
@@ -120,13 +115,9 @@ def test_logs_never_carry_prompts_or_secrets(stub):
     ]
     assert [r.status_code for r in responses] == [200, 401, 200]
     # first prove the log is written, per request, and with which fields: absences prove nothing otherwise
-    deadline = time.monotonic() + 5
     ids = [r.headers["X-SIE-Request-ID"] for r in responses]
-    while True:
-        logged = _request_lines((stub.logs / "gateway.log").read_text(errors="replace"))
-        if all(i in logged for i in ids) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    logged = poll(lambda: _request_lines((stub.logs / "gateway.log").read_text(errors="replace")), 5,
+                  until=lambda logged: all(i in logged for i in ids))
     for response, request_id, route in zip(responses, ids, ("chat", "chat", "generate"), strict=True):
         entry = logged.get(request_id)
         assert entry is not None, f"no request line for {request_id}"
@@ -144,12 +135,8 @@ def test_the_access_log_never_carries_a_query_string(stub):
     marker = "access-log-probe-4410"
     for path in (f"/readyz?api_key={TOKEN}&{marker}=1", f"/v1/models?api_key={TOKEN}&{marker}=2"):
         httpx.get(stub.url + path, timeout=10)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        text = (stub.logs / "gateway.log").read_text(errors="replace")
-        if '"GET /v1/models HTTP/1.1" 401' in text:
-            break
-        time.sleep(0.1)
+    text = poll(lambda: (stub.logs / "gateway.log").read_text(errors="replace"), 5,
+                until=lambda text: '"GET /v1/models HTTP/1.1" 401' in text)
     assert '"GET /readyz HTTP/1.1" 200' in text  # the access log is on, and logs the path
     assert '"GET /v1/models HTTP/1.1" 401' in text
     assert marker not in text and TOKEN not in text
@@ -163,10 +150,10 @@ def test_client_disconnect_cancels_the_engine_request(stack):
         for i, _ in enumerate(r.iter_lines()):
             if i > 5:
                 break  # leave mid-stream: closing the response drops the connection
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and stack.triton_metric("sie_engine_request_cancelled_total") <= before:
-        time.sleep(0.25)
+    deadline = time.monotonic() + 15  # for both waits together
+    poll(lambda: stack.triton_metric("sie_engine_request_cancelled_total"), 15, until=lambda n: n > before,
+         interval_s=0.25)
     assert stack.triton_metric("sie_engine_request_cancelled_total") == before + 1
-    while time.monotonic() < deadline and stack.triton_metric("sie_engine_num_requests_running") > 0:
-        time.sleep(0.25)
+    poll(lambda: stack.triton_metric("sie_engine_num_requests_running"), deadline - time.monotonic(),
+         until=lambda n: n == 0, interval_s=0.25)
     assert stack.triton_metric("sie_engine_num_requests_running") == 0

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from tests.e2e.conftest import MODEL, SIE_MODEL
+from tests.helpers.prometheus import metric_value, scrape
+from tests.helpers.waiting import poll
 
 TRITON_MODEL = "smollm2_135m_instruct"
 METRIC = "sie_engine_request_success_total"  # by finish reason; exported every 0.5 s
@@ -38,13 +39,8 @@ class TritonNode:
 
     def served(self) -> float:
         """Successful inferences of the model on this Triton so far."""
-        url = f"http://127.0.0.1:{self.ports.metrics}/metrics"
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
-        total = 0.0
-        for line in body.splitlines():
-            if line.startswith(METRIC + "{") and f'model="{TRITON_MODEL}"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_value(scrape(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=5), METRIC,
+                            model=TRITON_MODEL)
 
 
 @dataclass
@@ -136,12 +132,7 @@ def _settled_counts(stack: TwoTritons) -> dict[str, float]:
 def _served_since(stack: TwoTritons, before: dict[str, float], n: int) -> dict[str, float]:
     """Per Triton, the requests served since `before`, once all `n` show (the engine's counters reach /metrics
     on its next export, every 0.5 s)."""
-    deadline = time.monotonic() + 5
-    delta = _delta(before, stack.counts())
-    while sum(delta.values()) < n and time.monotonic() < deadline:
-        time.sleep(0.1)
-        delta = _delta(before, stack.counts())
-    return delta
+    return poll(lambda: _delta(before, stack.counts()), 5, until=lambda delta: sum(delta.values()) >= n)
 
 
 def _placement(stack: TwoTritons, send, n: int = 4) -> dict[str, float]:

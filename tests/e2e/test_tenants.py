@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,9 @@ from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.stack import LocalStack, local_stack
 from devstack.triton import REPO_ROOT
+from tests.helpers.prometheus import scrape
+from tests.helpers.sse import DONE, data_payloads
+from tests.helpers.waiting import wait_until
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TRITON_MODEL = "smollm2_135m_instruct"
@@ -113,13 +114,13 @@ def test_a_key_rotated_out_is_refused_next_while_its_open_stream_finishes(tenant
         with http.stream("POST", "/v1/chat/completions", json=body,
                          headers={"Authorization": f"Bearer {KEY_C}"}) as open_stream:
             assert open_stream.status_code == 200
-            lines = open_stream.iter_lines()
-            first = next(line for line in lines if line.startswith("data: "))
+            payloads = data_payloads(open_stream.iter_lines())
+            first = next(payloads)
             tenants.write_keys(KEY_A, KEY_B)
             refused = http.get("/v1/models", headers={"Authorization": f"Bearer {KEY_C}"})
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "UNAUTHORIZED"
-            rest = [first, *(line for line in lines if line.startswith("data: "))]
-        assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+            rest = [first, *payloads]
+        assert rest[-1] == DONE and '"finish_reason":"length"' in rest[-2]
         assert http.get("/v1/models", headers={"x-api-key": KEY_A}).status_code == 200
 
 
@@ -148,10 +149,9 @@ def test_sighup_rereads_a_keys_file_rewritten_in_place(stub, tmp_path):
             assert http.get("/v1/models", headers={"x-api-key": KEY_D}).status_code == 401  # not seen yet
             workers = _worker_pids(gateway.pid)
             os.kill(gateway.pid, signal.SIGHUP)
-            deadline = time.monotonic() + 30
-            while http.get("/v1/models", headers={"x-api-key": KEY_D}).status_code != 200:
-                assert time.monotonic() < deadline, "the worker never re-read the keys file"
-                time.sleep(0.2)  # the master forwards the signal from its loop, within about a second
+            # the master forwards the signal from its loop, within about a second
+            wait_until(lambda: http.get("/v1/models", headers={"x-api-key": KEY_D}).status_code == 200, 30,
+                       "the worker never re-read the keys file", interval_s=0.2)
             assert http.get("/v1/models", headers={"x-api-key": KEY_B}).status_code == 401
             assert http.post("/v1/chat/completions", json=chat, headers={"x-api-key": KEY_D}).status_code == 200
             assert _worker_pids(gateway.pid) == workers  # re-read in place: no worker replaced
@@ -180,8 +180,7 @@ def test_the_planted_key_appears_nowhere_in_the_store_logs_or_metrics(tenants):
         assert http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_A}x"}, json={
             "model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
         gateway_metrics = http.get("/metrics", headers=auth).text
-    triton_metrics = urllib.request.urlopen(
-        f"http://127.0.0.1:{tenants.running.triton_ports.metrics}/metrics", timeout=10).read().decode()
+    triton_metrics = scrape(f"http://127.0.0.1:{tenants.running.triton_ports.metrics}/metrics")
     assert "sie_gateway_requests_total" in gateway_metrics and "nv_inference" in triton_metrics
     written = [p for p in tenants.log_dir.rglob("*") if p.is_file() and not p.is_symlink()]
     names = {p.name for p in written}

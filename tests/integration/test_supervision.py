@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from gateway.errors import ModelProcessDied
+from tests.helpers.waiting import wait_until_async
 from tests.integration.conftest import MODEL, TRITON_MODEL, assert_error, ev
-
-
-async def _until(predicate, within_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def _listed(gw) -> list[str]:
@@ -33,7 +25,8 @@ async def test_a_dead_model_found_by_the_probe_leaves_service_and_is_reloaded(gw
     await gw.registry.refresh()
     assert await _listed(gw) == []
     # reloaded once, then serving again
-    await _until(lambda: fake.reloads == [TRITON_MODEL] and MODEL in [p.name for p in gw.registry.profiles()])
+    await wait_until_async(lambda: fake.reloads == [TRITON_MODEL] and MODEL in [p.name for p in gw.registry.profiles()],
+                           5.0, "the dead model was never reloaded")
     assert (await gw.chat()).status_code == 200
     assert await _listed(gw) == [MODEL]
 
@@ -48,7 +41,8 @@ async def test_a_request_answered_by_a_dead_process_is_503_and_starts_the_reload
     assert resp.headers["retry-after"] == "5"
     assert await _listed(gw) == []
     fake.script = [ev("ok", finish="stop", completion=1)]
-    await _until(lambda: fake.reloads == [TRITON_MODEL] and bool(gw.registry.profiles()))
+    await wait_until_async(lambda: fake.reloads == [TRITON_MODEL] and bool(gw.registry.profiles()),
+                           5.0, "the dead model was never reloaded")
     assert (await gw.generate()).status_code == 200
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import torch
 from engine.errors import QueueFull
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
+from tests.helpers.waiting import poll
 
 from .conftest import ENGINE_SLOTS
 from .engine_run import PROMPTS, Run, greedy
@@ -120,9 +120,7 @@ def test_join_and_leave_mid_flight(real_engine, prompts):
     assert long[-1].finish_reason == "length" and long[-1].completion_tokens == 24
     assert "".join(o.text for o in short) == "".join(o.text for o in ref_short)
     assert "".join(o.text for o in long) == "".join(o.text for o in ref_long)
-    deadline = time.monotonic() + 5
-    while real_engine.core.scheduler.has_work() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    poll(real_engine.core.scheduler.has_work, 5, until=lambda busy: not busy, interval_s=0.01)
     assert not real_engine.core.scheduler.slots.decoding
 
 

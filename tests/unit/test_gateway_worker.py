@@ -23,6 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from devstack.net import free_port
 from gateway.drain import Drain
 from gateway.worker import DrainingServer, GatewayHttpProtocol, GatewayWorker
+from tests.helpers.waiting import poll, wait_until
 
 KEEP_ALIVE_S = 60  # far longer than the test: a protocol still alive at the end is held by its timer
 
@@ -46,10 +47,7 @@ def _serving(protocol: type, keep_alive_s: float = KEEP_ALIVE_S) -> Iterator[int
                                            lifespan="off", log_level="warning", timeout_keep_alive=keep_alive_s))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started, 10, "uvicorn did not start", interval_s=0.02)
     try:
         yield port
     finally:
@@ -85,10 +83,8 @@ def _alive_after_resets(protocol: type, connections: int) -> int:
     with _serving(protocol) as port:
         for _ in range(connections):
             _request_then_reset(port)
-        deadline = time.monotonic() + 3
-        while _alive(protocol) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the server sees each reset a moment after the client sends it
-        return _alive(protocol)
+        # the server sees each reset a moment after the client sends it
+        return poll(lambda: _alive(protocol), 3, until=lambda alive: not alive, interval_s=0.05)
 
 
 def test_the_worker_runs_the_gateway_protocol_on_uvloop():
@@ -222,16 +218,13 @@ def test_sigterm_stops_accepting_before_readiness_fails():
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[listener])), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started, 10, "uvicorn did not start", interval_s=0.02)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         assert b" 200 " in _get(sock, "/")
     try:
         server.handle_exit(signal.SIGTERM, None)
-        while not drain.draining:
-            assert time.monotonic() < deadline + 10, "the drain did not begin"
-            time.sleep(0.001)
+        wait_until(lambda: drain.draining, deadline + 10 - time.monotonic(), "the drain did not begin",
+                   interval_s=0.001)
         assert drain.serving_at_begin == [False]
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -6,12 +6,12 @@ over the budget the request is refused with a 400 while the compile finishes in 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from engine.errors import EngineError
 from engine.sampling_params import GrammarRequest
+from tests.helpers.waiting import poll, wait_until
 
 # a shape clients send: string properties with long bounded repetitions compile for many seconds
 SLOW_SCHEMA = {"type": "object",
@@ -41,9 +41,8 @@ def held_compile(grammars, monkeypatch):
     monkeypatch.setattr(grammars, "_compile", compile_held)
     yield release
     release.set()
-    deadline = time.monotonic() + 60  # the held compile leaves no thread busy for the next test
-    while grammars._compiling and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # the held compile leaves no thread busy for the next test
+    poll(lambda: grammars._compiling, 60, until=lambda compiling: not compiling, interval_s=0.02)
 
 
 def test_a_grammar_over_the_compile_budget_is_refused_naming_the_field(grammars):
@@ -55,10 +54,8 @@ def test_a_grammar_over_the_compile_budget_is_refused_naming_the_field(grammars)
 
 
 def test_a_plain_grammar_compiles_while_a_slow_one_is_still_compiling(grammars, held_compile):
-    deadline = time.monotonic() + 60
-    while grammars._compiling:  # a compile an earlier test left running holds one of the two threads
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # a compile an earlier test left running holds one of the two threads
+    wait_until(lambda: not grammars._compiling, 60, "an earlier test's compile never ended", interval_s=0.05)
     with pytest.raises(EngineError) as info:
         grammars.new_state(GrammarRequest("regex", HELD))
     assert "budget" in info.value.message
