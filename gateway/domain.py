@@ -78,10 +78,10 @@ class GenerationRequest:
     # without image input can name the field at fault.
     image_param: str | None = None
     # Request path of each image's data, in order: the engine names an image it cannot decode `images[i]`
-    # (service.attribute maps that to the client's field).
+    # (session.attribute maps that to the client's field).
     image_data_params: tuple[str, ...] = ()
     # the client's field for the conversation, where it is not `messages` (`input` on /v1/responses): the engine
-    # names `messages` for a prompt it cannot take (context_exceeded), and service.attribute maps it
+    # names `messages` for a prompt it cannot take (context_exceeded), and session.attribute maps it
     messages_param: str = "messages"
 
     @property

@@ -1,6 +1,6 @@
 """One exception tree for the gateway; each class knows its HTTP status and contract code.
 
-Handlers raise; `gateway.app` turns any `GatewayError` into the OpenAI-style envelope
+Handlers raise; `gateway.error_responses` turns any `GatewayError` into the OpenAI-style envelope
 `{"error": {message, type, param, code}}` plus `X-SIE-Error-Code` (and `Retry-After` when set).
 """
 

@@ -17,7 +17,8 @@ from typing import Any
 from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult, Prompt, prompt_fields
 from gateway.profile import ModelProfile
 from gateway.router import RoutingHints
-from gateway.service import GenerationService, GenerationSession
+from gateway.service import GenerationService
+from gateway.session import GenerationSession
 from gateway.stream_buffer import StreamBuffer
 
 _END = object()

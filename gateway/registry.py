@@ -6,39 +6,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from contract.profile import ProfileError
 from gateway.adapter_changes import AdapterChanges
 from gateway.discovery import DnsSource, Resolver, resolve_dns
+from gateway.endpoint import Endpoint
 from gateway.errors import ModelNotFound, Provisioning, Unavailable, quoted
 from gateway.lora_adapters import CONTROL_INPUT, with_live_adapters
 from gateway.metrics import WORKERS
 from gateway.profile import ModelProfile, canonical_id
-from gateway.settings import EndpointConfig, PoolConfig, Settings
-from gateway.supervisor import ModelSupervisor
+from gateway.settings import Settings
 from gateway.triton.client import TritonClient
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Endpoint:
-    config: EndpointConfig
-    pool: PoolConfig
-    client: TritonClient
-    healthy: bool = False
-    models: dict[str, ModelProfile] = field(default_factory=dict)  # canonical id -> profile
-    not_ready: set[str] = field(default_factory=set)  # Triton names still loading / unavailable
-    loading: set[str] = field(default_factory=set)  # of those, the ones Triton is loading now
-    # Triton name -> profile of a model whose process died: out of service until the supervisor restores it
-    withdrawn: dict[str, ModelProfile] = field(default_factory=dict)
-    outstanding: int = 0
-    discovered: bool = False  # came from the pool's DNS source (dropped when its address goes)
-
-    @property
-    def name(self) -> str:
-        return self.config.name or self.config.url
 
 
 class ModelRegistry:
@@ -60,9 +40,7 @@ class ModelRegistry:
         self._served_as: dict[str, ModelProfile] = {}
         self._refresh_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
-        self._probe_task: asyncio.Task | None = None
         self.adapter_changes = AdapterChanges(settings.state_dir)
-        self.supervisor = ModelSupervisor(self)
 
     async def refresh(self) -> None:
         await self._rediscover()
@@ -175,17 +153,11 @@ class ModelRegistry:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
-        if self._probe_task is None and self.settings.model_probe_s > 0:
-            self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            self._probe_task = None
-        await self.supervisor.stop()
         for endpoint in self.endpoints + self._retired:
             await endpoint.client.close()
 
@@ -197,14 +169,6 @@ class ModelRegistry:
             except Exception:
                 log.exception("model refresh failed")
             await asyncio.sleep(period)
-
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.model_probe_s)
-            try:
-                await self.supervisor.probe_all()
-            except Exception:
-                log.exception("model liveness probe failed")
 
     # -- lookups -------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from gateway.endpoint import Endpoint
 from gateway.errors import (
     InvalidRequest,
     MachineProfileNotConfigured,
@@ -16,7 +17,7 @@ from gateway.errors import (
     quoted,
 )
 from gateway.profile import ModelProfile
-from gateway.registry import Endpoint, ModelRegistry
+from gateway.registry import ModelRegistry
 
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 

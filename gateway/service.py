@@ -1,160 +1,47 @@
-"""The generation flow both contracts share: resolve, check, route, open the stream, enforce timeouts."""
+"""The generation flow both contracts share: resolve, check, route, open the stream (gateway/session.py runs it)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-import re
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from gateway.contracts.profile_checks import check_against_profile
-from gateway.domain import GenerationEvent, GenerationRequest, GenerationResult
-from gateway.drain import DeadlineWait, Drain, ShuttingDown
+from gateway.domain import GenerationRequest
+from gateway.drain import DeadlineWait, Drain
+from gateway.endpoint import Endpoint, InFlight
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
-    MalformedWorkerResponse,
     ModelProcessDied,
     Provisioning,
     Unavailable,
     UpstreamTimeout,
     WorkerError,
     quoted,
-    worker_error,
 )
 from gateway.metrics import UPSTREAM_ERRORS
 from gateway.profile import ModelProfile
-from gateway.registry import Endpoint, ModelRegistry
+from gateway.registry import ModelRegistry
 from gateway.router import Router, RoutingHints
+from gateway.session import GenerationSession, attempt_id, attribute, upstream_cancelled, we_are_cancelled
 from gateway.settings import Settings
 from gateway.timeouts import Timeouts
 from gateway.triton.client import UpstreamUnavailable
 
 log = logging.getLogger(__name__)
-_IMAGE_PARAM = re.compile(r"images\[(\d+)\]")  # how the engine names one of a request's images
-
-
-@dataclass
-class GenerationSession:
-    """An opened generation: the first event has arrived; iterate `events()` for all of them."""
-
-    profile: ModelProfile
-    request: GenerationRequest
-    request_id: str
-    endpoint: Endpoint
-    first: GenerationEvent
-    stream: AsyncGenerator[GenerationEvent, None]
-    timeouts: Timeouts
-    started: float
-    ttft_s: float
-    deadline: float
-    drain: Drain
-    wait: DeadlineWait  # the drain deadline ends it with server_shutting_down (gateway/drain.py)
-    outage_retry_after_s: float = 60.0  # one Retry-After for every answer of one Triton outage
-    closed: bool = field(default=False)
-
-    async def events(self) -> AsyncGenerator[GenerationEvent, None]:
-        # A blocking request hears from the engine only at its first token (a progress marker) and when a
-        # choice closes: the inter-chunk timeout would cut a long generation, or the wait between the
-        # closures of n>1 choices, so only the overall deadline governs it after the first token.
-        inter_chunk = self.timeouts.inter_chunk_s if self.request.stream else float("inf")
-        try:
-            yield self.first
-            while True:
-                self.wait.check()
-                remaining = self.deadline - time.monotonic()
-                if remaining <= 0:
-                    raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout")
-                try:
-                    # asyncio.timeout costs a timer handle; wait_for would cost a task per token
-                    async with asyncio.timeout(min(inter_chunk, remaining)) as self.wait.timeout:
-                        event = await anext(self.stream)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    if self.wait.cut_short:
-                        raise ShuttingDown() from None
-                    # which bound was the binding one, not the clock after the fact: a loop timer may fire a
-                    # little before the deadline, and that is still the overall timeout
-                    if remaining <= inter_chunk:
-                        raise UpstreamTimeout("the request exceeded the overall timeout",
-                                              code="overall_timeout") from None
-                    raise UpstreamTimeout("no output from the model in time", code="inter_chunk_timeout",
-                                          status=502) from None
-                except asyncio.CancelledError:
-                    if _we_are_cancelled():
-                        raise
-                    raise upstream_cancelled() from None
-                except UpstreamUnavailable as exc:  # Triton went away mid-request: the outage's Retry-After
-                    exc.retry_after = self.outage_retry_after_s
-                    raise
-                except WorkerError as exc:
-                    attribute(exc, self.request, self.attempt_id)
-                    raise
-                yield event
-        finally:
-            await self.close()
-
-    @property
-    def attempt_id(self) -> str:
-        return attempt_id(self.request_id, self.endpoint)
-
-    async def close(self) -> None:
-        self.drain.untrack(self.wait)
-        if not self.closed:
-            self.closed = True
-            self.endpoint.outstanding -= 1
-            await self.stream.aclose()
-
-    async def collect(self) -> GenerationResult:
-        """Accumulate every choice (blocking responses)."""
-        choices: dict[int, dict] = {}
-        prompt_tokens = cached_tokens = 0
-        last_at = time.monotonic()
-        engine_timing: tuple[float, float | None] | None = None
-        async for event in self.events():
-            if event.is_progress:
-                continue  # the engine's first-token marker on blocking requests (docs/triton-contract.md)
-            if event.ttft_ms is not None and engine_timing is None:
-                engine_timing = (event.ttft_ms, event.tpot_ms)
-            last_at = time.monotonic()
-            choice = choices.setdefault(
-                event.index, {"text": [], "finish_reason": None, "logprobs": [], "tool_calls": None,
-                              "completion_tokens": 0, "reasoning": []}
-            )
-            choice["text"].append(event.text)
-            if event.logprobs:
-                choice["logprobs"].extend(event.logprobs)
-            if event.reasoning:
-                choice["reasoning"].append(event.reasoning)
-            if event.finish_reason is not None:
-                choice["finish_reason"] = event.finish_reason
-                choice["tool_calls"] = event.tool_calls
-                choice["completion_tokens"] = event.completion_tokens
-                choice["stop_reason"] = event.stop_reason
-            prompt_tokens = max(prompt_tokens, event.prompt_tokens)
-            cached_tokens = max(cached_tokens, event.cached_tokens)
-        if any(c["finish_reason"] is None for c in choices.values()) or len(choices) < self.request.n:
-            raise MalformedWorkerResponse("the model ended without closing every choice")
-        for choice in choices.values():
-            choice["text"] = "".join(choice["text"])
-            choice["reasoning"] = "".join(choice["reasoning"]) or None
-        completion = sum(c["completion_tokens"] for c in choices.values())
-        if engine_timing is not None:
-            # blocking requests get one event per choice: the engine measured the real TTFT/TPOT
-            return GenerationResult(choices, prompt_tokens, completion, *engine_timing, cached_tokens=cached_tokens)
-        decode_s = max(last_at - self.started - self.ttft_s, 0.0)
-        tpot = decode_s / (completion - 1) * 1000 if completion > 1 else None
-        return GenerationResult(choices, prompt_tokens, completion, self.ttft_s * 1000, tpot, cached_tokens)
+# (endpoint, Triton model, why): the model's process there is dead; take it out of service and reload it
+ModelDied = Callable[[Endpoint, str, str], None]
 
 
 class GenerationService:
-    def __init__(self, settings: Settings, registry: ModelRegistry, drain: Drain | None = None) -> None:
+    def __init__(self, settings: Settings, registry: ModelRegistry, model_died: ModelDied,
+                 drain: Drain | None = None) -> None:
         self.settings = settings
         self.registry = registry
+        self.model_died = model_died  # the supervisor's, given by the app's wiring
         self.drain = drain or Drain()
         self.router = Router(registry)
 
@@ -213,56 +100,52 @@ class GenerationService:
         last_error: GatewayError | None = None
         for endpoint in self.router.candidates(profile, hints):
             stream = endpoint.client.generate(profile.triton_model, _scoped(req, hints, endpoint, profile), request_id)
-            endpoint.outstanding += 1
-            try:
-                timeout = min(timeouts.first_chunk_s, deadline - started)
-                async with asyncio.timeout(timeout) as wait.timeout:
-                    first = await anext(stream)
-            except UpstreamUnavailable as exc:
-                # nothing was generated yet: another endpoint can take the request
-                endpoint.outstanding -= 1
-                self.registry.mark_unhealthy(endpoint)
-                UPSTREAM_ERRORS.labels(code=exc.code).inc()
-                log.warning("endpoint %s failed before the first token; trying another", endpoint.name)
-                # the same answer as the requests after it, which find the endpoint unhealthy (503 PROVISIONING):
-                # within one outage the code and Retry-After do not change from one request to the next
-                last_error = self.registry.provisioning(f"no Triton endpoint serving '{profile.name}' is reachable "
-                                                        f"({exc.message}); provisioning in progress, retry shortly")
-                continue
-            except ModelProcessDied as exc:
-                # the model's process on this endpoint is dead: out of service, reloaded; another may serve it
-                endpoint.outstanding -= 1
-                self.registry.supervisor.model_died(endpoint, profile.triton_model,
-                                                    "a request was answered 'Stub process is not healthy'")
-                UPSTREAM_ERRORS.labels(code=exc.code).inc()
-                last_error = exc
-                continue
-            except TimeoutError:
-                endpoint.outstanding -= 1
-                await stream.aclose()
-                wait.check()  # the drain deadline, not a slow model
-                if timeouts.overall_s <= timeouts.first_chunk_s:
-                    raise UpstreamTimeout("the request exceeded the overall timeout", code="overall_timeout") from None
-                raise UpstreamTimeout("no output from the model in time", code="first_chunk_timeout") from None
-            except StopAsyncIteration:
-                endpoint.outstanding -= 1
-                last_error = UpstreamUnavailable("the model ended the stream without output")
-                continue
-            except BaseException as exc:
-                endpoint.outstanding -= 1
-                await stream.aclose()
-                if isinstance(exc, asyncio.CancelledError) and not _we_are_cancelled():
-                    exc = upstream_cancelled()
-                if isinstance(exc, GatewayError):
+            # every way out of this block gives the endpoint's count back and closes the stream, except the session
+            async with InFlight(endpoint, stream) as claim:
+                try:
+                    timeout = min(timeouts.first_chunk_s, deadline - started)
+                    async with asyncio.timeout(timeout) as wait.timeout:
+                        first = await anext(stream)
+                except UpstreamUnavailable as exc:
+                    # nothing was generated yet: another endpoint can take the request
+                    self.registry.mark_unhealthy(endpoint)
                     UPSTREAM_ERRORS.labels(code=exc.code).inc()
-                if isinstance(exc, WorkerError):
-                    attribute(exc, req, attempt_id(request_id, endpoint))
-                raise exc from None
-            return GenerationSession(
-                profile, req, request_id, endpoint, first, stream, timeouts,
-                started, time.monotonic() - started, deadline, self.drain, wait,
-                self.settings.provisioning_retry_after_s,
-            )
+                    log.warning("endpoint %s failed before the first token; trying another", endpoint.name)
+                    # the same answer as the requests after it, which find the endpoint unhealthy (503 PROVISIONING):
+                    # within one outage the code and Retry-After do not change from one request to the next
+                    last_error = self.registry.provisioning(
+                        f"no Triton endpoint serving '{profile.name}' is reachable ({exc.message}); provisioning in "
+                        "progress, retry shortly")
+                    continue
+                except ModelProcessDied as exc:
+                    # the model's process on this endpoint is dead: out of service, reloaded; another may serve it
+                    self.model_died(endpoint, profile.triton_model,
+                                    "a request was answered 'Stub process is not healthy'")
+                    UPSTREAM_ERRORS.labels(code=exc.code).inc()
+                    last_error = exc
+                    continue
+                except TimeoutError:
+                    wait.check()  # the drain deadline, not a slow model
+                    if timeouts.overall_s <= timeouts.first_chunk_s:
+                        raise UpstreamTimeout("the request exceeded the overall timeout",
+                                              code="overall_timeout") from None
+                    raise UpstreamTimeout("no output from the model in time", code="first_chunk_timeout") from None
+                except StopAsyncIteration:
+                    last_error = UpstreamUnavailable("the model ended the stream without output")
+                    continue
+                except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError) and not we_are_cancelled():
+                        exc = upstream_cancelled()
+                    if isinstance(exc, GatewayError):
+                        UPSTREAM_ERRORS.labels(code=exc.code).inc()
+                    if isinstance(exc, WorkerError):
+                        attribute(exc, req, attempt_id(request_id, endpoint))
+                    raise exc from None
+                return GenerationSession(
+                    profile, req, request_id, claim.hand_over(), first, timeouts,
+                    started, time.monotonic() - started, deadline, self.drain, wait,
+                    self.settings.provisioning_retry_after_s,
+                )
         assert last_error is not None
         raise last_error
 
@@ -284,32 +167,3 @@ def _scoped(req: GenerationRequest, hints: RoutingHints, endpoint: Endpoint, pro
     if hints.cache_salt is None or not endpoint.models.get(profile.name, profile).cache_salt_input:
         return req
     return dataclasses.replace(req, cache_salt=hints.cache_salt)
-
-
-def attempt_id(request_id: str, endpoint: Endpoint) -> str:
-    """One try of a request on one endpoint: native blocking bodies and worker errors carry it."""
-    return f"{request_id}.{endpoint.name}"
-
-
-def attribute(exc: WorkerError, req: GenerationRequest, attempt: str) -> None:
-    """A worker error names its attempt (docs/contract.md, "Errors"), and an error about the grammar, an image or the
-    conversation names the client's field it came from (`response_format` / `text.format`, `images[i].data`,
-    `input`: the engine only knows them as `grammar`, `images[i]`, `messages`)."""
-    exc.extra.setdefault("attempt_id", attempt)
-    if exc.param == "grammar" and req.grammar is not None:
-        exc.param = req.grammar.param
-    elif (image := _IMAGE_PARAM.fullmatch(exc.param or "")) and int(image[1]) < len(req.image_data_params):
-        exc.param = req.image_data_params[int(image[1])]
-    elif exc.param == "messages":
-        exc.param = req.messages_param
-
-
-def _we_are_cancelled() -> bool:
-    """Whether a CancelledError is ours (the client left, the task is being cancelled) rather than
-    the upstream call ending with gRPC CANCELLED, which must end the request with an error."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
-def upstream_cancelled() -> GatewayError:
-    return worker_error("cancelled", "the model server cancelled the request")

@@ -22,12 +22,12 @@ import logging
 import os
 import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
+from gateway.endpoint import Endpoint
 from gateway.errors import ModelProcessDied
-
-if TYPE_CHECKING:
-    from gateway.registry import Endpoint, ModelRegistry
+from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -35,30 +35,58 @@ _RETRY_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)  # between failed reloads; the 
 _WAIT_FOR_OTHERS_S = 900.0  # longest wait for a reload another worker started
 
 
+class SupervisedModels(Protocol):
+    """What the supervisor sees of the model registry: the endpoints it watches, and the verbs that take a model out
+    of service, put it back and re-read what Triton serves. The registry knows nothing of who calls them."""
+
+    @property
+    def endpoints(self) -> Sequence[Endpoint]: ...
+
+    def withdraw(self, endpoint: Endpoint, triton_model: str) -> None: ...
+
+    def restore(self, endpoint: Endpoint, triton_model: str) -> None: ...
+
+    async def refresh(self) -> None: ...
+
+
 class ModelSupervisor:
-    def __init__(self, registry: ModelRegistry) -> None:
-        self.registry = registry
-        self.probe_s = registry.settings.model_probe_s
-        self.reload_enabled = registry.settings.model_reload
+    def __init__(self, models: SupervisedModels, settings: Settings) -> None:
+        self.models = models
+        self.probe_s = settings.model_probe_s
+        self.reload_enabled = settings.model_reload
         self._recovering: dict[tuple[str, str], asyncio.Task] = {}  # (endpoint url, Triton model) -> task
+        self._probe_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Probe every `model_probe_s` (0: never; requests still report a dead process)."""
+        if self._probe_task is None and self.probe_s > 0:
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_s)
+            try:
+                await self.probe_all()
+            except Exception:
+                log.exception("model liveness probe failed")
 
     def is_recovering(self, endpoint: Endpoint, triton_model: str) -> bool:
         return (endpoint.config.url, triton_model) in self._recovering
 
     async def probe_all(self) -> None:
         """Probe every ready model on every reachable endpoint (concurrently)."""
-        checks = [(e, p.triton_model) for e in self.registry.endpoints if e.healthy for p in e.models.values()]
+        checks = [(e, p.triton_model) for e in self.models.endpoints if e.healthy for p in e.models.values()]
         results = await asyncio.gather(*(e.client.probe(m) for e, m in checks), return_exceptions=True)
         for (endpoint, model), alive in zip(checks, results, strict=True):
             if alive is False:
                 self.model_died(endpoint, model, "a liveness probe was answered 'Stub process is not healthy'")
         # withdrawn and not being reloaded here (reload off): back once Triton's instance answers again
-        idle = [(e, m) for e in self.registry.endpoints if e.healthy for m in e.withdrawn
+        idle = [(e, m) for e in self.models.endpoints if e.healthy for m in e.withdrawn
                 if not self.is_recovering(e, m)]
         results = await asyncio.gather(*(e.client.probe(m) for e, m in idle), return_exceptions=True)
         for (endpoint, model), alive in zip(idle, results, strict=True):
             if alive is True:
-                self.registry.restore(endpoint, model)
+                self.models.restore(endpoint, model)
                 log.warning("model %s on endpoint %s answers again; back in service", model, endpoint.name)
 
     def model_died(self, endpoint: Endpoint, triton_model: str, why: str) -> None:
@@ -66,7 +94,7 @@ class ModelSupervisor:
         key = (endpoint.config.url, triton_model)
         if key in self._recovering:
             return
-        self.registry.withdraw(endpoint, triton_model)
+        self.models.withdraw(endpoint, triton_model)
         error = ModelProcessDied(f"the model process of '{triton_model}' died; it is being reloaded, retry shortly")
         ended = endpoint.client.abort(triton_model, error)
         log.error("model %s on endpoint %s: its model process is dead (%s); it leaves routing, %d in-flight "
@@ -92,8 +120,8 @@ class ModelSupervisor:
                               "fails until it loads; retrying in %.0f s", triton_model, endpoint.name, attempt,
                               _describe(exc), delay)
                     await asyncio.sleep(delay)
-            self.registry.restore(endpoint, triton_model)
-            await self.registry.refresh()
+            self.models.restore(endpoint, triton_model)
+            await self.models.refresh()
             log.warning("model %s on endpoint %s is serving again, %.1f s after its process died was seen (%s)",
                         triton_model, endpoint.name, time.monotonic() - started, how)
         finally:
@@ -129,6 +157,9 @@ class ModelSupervisor:
         raise TimeoutError("the reload another worker started did not finish")
 
     async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            self._probe_task = None
         for task in list(self._recovering.values()):
             task.cancel()
         await asyncio.gather(*self._recovering.values(), return_exceptions=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.parse
 
+import falcon
 import orjson
 
 from gateway import msgpack_body
@@ -52,6 +53,12 @@ class GenerateResource:
     def __init__(self, settings: Settings, service: GenerationService) -> None:
         self.settings = settings
         self.service = service
+
+    async def sink(self, req, resp, **_: str) -> None:
+        """The path is a catch-all: `/v1/generate/a/b` and empty ids must reach `on_post`'s 400s."""
+        if req.method != "POST":
+            raise falcon.HTTPMethodNotAllowed(["POST"])
+        await self.on_post(req, resp)
 
     async def on_post(self, req, resp, **_: str) -> None:
         # the contract's order: the path model (400 / 404) and the routing headers before the body

@@ -22,6 +22,7 @@ from gateway.disconnect import DisconnectAware
 from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
 from gateway.registry import ModelRegistry
 from gateway.settings import EndpointConfig, PoolConfig, Settings
+from gateway.supervisor import ModelSupervisor
 from gateway.triton.client import UpstreamUnavailable
 
 MODEL = "acme/Tiny-1.5B-Instruct"  # canonical id: a slash and dots, as real ids have
@@ -162,7 +163,9 @@ class Gateway:
         self.settings = settings
         self.fakes = fakes
         self.registry = ModelRegistry(settings, client_factory=lambda url: fakes[url])
-        self.app = DisconnectAware(create_app(settings, self.registry))
+        # the app wires the supervisor; tests hold it to probe on demand (no lifespan runs the probe loop here)
+        self.supervisor = ModelSupervisor(self.registry, settings)
+        self.app = DisconnectAware(create_app(settings, self.registry, supervisor=self.supervisor))
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gateway")
 
     def fake(self, url: str = "a") -> FakeTriton:

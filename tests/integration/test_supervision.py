@@ -14,7 +14,7 @@ async def _listed(gw) -> list[str]:
 async def test_a_dead_model_found_by_the_probe_leaves_service_and_is_reloaded(gw):
     fake = gw.fake()
     fake.dead.add(TRITON_MODEL)
-    await gw.registry.supervisor.probe_all()
+    await gw.supervisor.probe_all()
     # out of routing, the model list and readiness at once
     assert await _listed(gw) == []
     resp = await gw.chat()
