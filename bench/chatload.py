@@ -3,8 +3,9 @@
 The load is bench/chatload_workload.py (64 users x 2 turns, prompts of 40-320 tokens, `max_tokens` 1024, greedy,
 natural ends). Both servers get the same KV memory, `--kv-gib` (1 GiB by default):
 - vLLM: `VLLM_CPU_KVCACHE_SPACE`, which holds its prefix cache too;
-- ours: that many bytes of K/V positions for SmolLM2 in the served dtype, split between `kv_budget_tokens` (the
-  running requests) and `prefix_cache_tokens` (the prefix cache's own pool, `--prefix-tokens`), set in a temporary
+- ours: that many bytes of K/V positions for SmolLM2 in the served dtype as `kv_budget_tokens`, the prefix cache
+  living in what the running requests leave of it (docs/kv-memory.md) up to `prefix_cache_tokens`
+  (`--prefix-tokens`; by default all of it, as any free vLLM block may hold a cached prefix), set in a temporary
   copy of the model repository (the checked-in profile is never edited).
 
 After the load, `--check-alone` first turns are sent again one at a time: a greedy answer under load must equal
@@ -44,18 +45,20 @@ def kv_bytes_per_token(dtype: str) -> int:
     return 2 * config["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int, users: int) -> tuple[Path, int]:
-    """SmolLM2's folder with the KV memory split as the module says, the model's own context (vLLM serves its
+def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int | None, users: int,
+                   overrides: dict[str, str] | None = None) -> tuple[Path, int]:
+    """SmolLM2's folder with the KV memory as the module says, the model's own context (vLLM serves its
     max_position_embeddings, so a second turn of 1.2k tokens plus max_tokens 1024 is no 400 on either side), and a
     slot for every user."""
     repo = repository_in_dtype(dest, dtype)
-    total = int(kv_gib * 2**30) // kv_bytes_per_token(dtype)
-    budget = total - prefix_tokens
+    budget = int(kv_gib * 2**30) // kv_bytes_per_token(dtype)
+    prefix_tokens = budget if prefix_tokens is None else prefix_tokens
     context = json.loads((MODEL_DIR / "config.json").read_text())["max_position_embeddings"]
     config = repo / "smollm2_135m_instruct" / "config.pbtxt"
     text = config.read_text()
     for key, value in (("kv_budget_tokens", budget), ("prefix_cache_tokens", prefix_tokens),
-                       ("context_length", context), ("max_output_tokens", context), ("max_slots", users)):
+                       ("context_length", context), ("max_output_tokens", context), ("max_slots", users),
+                       *(overrides or {}).items()):
         text = with_parameter(text, key, str(value))
     config.write_text(text)
     return repo, budget
@@ -101,8 +104,9 @@ def alone_mismatches(base_url: str, load: ChatLoad, answers: dict[str, str], sam
 
 
 def run_ours(args, load: ChatLoad, log_dir: Path) -> dict:
-    repo, budget = our_repository(log_dir, args.dtype, args.kv_gib, args.prefix_tokens, load.users)
-    print(f"[ours] kv_budget_tokens {budget}, prefix_cache_tokens {args.prefix_tokens}", flush=True)
+    overrides = dict(item.split("=", 1) for item in args.param)
+    repo, budget = our_repository(log_dir, args.dtype, args.kv_gib, args.prefix_tokens, load.users, overrides)
+    print(f"[ours] kv_budget_tokens {budget}, prefix_cache_tokens {args.prefix_tokens or budget}", flush=True)
     with local_stack(repo, log_dir) as stack:
         url = f"http://127.0.0.1:{stack.triton_ports.metrics}/metrics"
         stop = threading.Event()
@@ -133,10 +137,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--kv-gib", type=float, default=1.0)
-    parser.add_argument("--prefix-tokens", type=int, default=4096)
+    parser.add_argument("--prefix-tokens", type=int, default=None, help="the prefix cache's cap (default: the budget)")
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--check-alone", type=int, default=8, help="first turns re-sent alone (0: none)")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more profile parameter for our side (an experiment; e.g. prefill_budget=2048)")
     args = parser.parse_args()
     load = ChatLoad(users=args.users)
     results: dict[str, dict] = {}

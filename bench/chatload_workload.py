@@ -46,6 +46,7 @@ class Result:
     ok: int = 0
     errors: list[str] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
+    ttfts_by_turn: dict[int, list[float]] = field(default_factory=dict)
     completion_tokens: int = 0
     answers: dict[tuple[int, int], str] = field(default_factory=dict)  # (user, turn) -> answer text
 
@@ -89,6 +90,7 @@ async def _user(client: AsyncOpenAI, user: int, load: ChatLoad, result: Result) 
             return
         result.ok += 1
         result.ttfts.append(ttft)
+        result.ttfts_by_turn.setdefault(turn, []).append(ttft)
         result.completion_tokens += tokens
         result.answers[(user, turn)] = answer
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
@@ -118,6 +120,8 @@ def measure(base_url: str, load: ChatLoad) -> dict:
                "tok_s": result.completion_tokens / wall, "wall_s": wall,
                "ttft_p50": statistics.median(result.ttfts) if result.ttfts else float("nan"),
                "ttft_p90": quantile(result.ttfts, 0.9), "completion_tokens": result.completion_tokens}
+    for turn, ttfts in sorted(result.ttfts_by_turn.items()):  # first turns meet the arrival burst, later ones a full KV
+        figures[f"ttft_p50_turn{turn + 1}"] = statistics.median(ttfts)
     for line in result.errors[:5]:
         print(f"  error: {line}", flush=True)
     return {"figures": figures, "answers": {f"{u}:{t}": a for (u, t), a in result.answers.items()}}

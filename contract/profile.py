@@ -55,9 +55,11 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("max_queue", "int", 256, "engine", "requests waiting beyond the running ones; past it 503 "
               "`QUEUE_FULL`", minimum=1),
     Parameter("prefill_budget", "int", 1024, "engine", "prompt tokens one step prefills", minimum=1),
-    Parameter("kv_budget_tokens", "int", None, "engine", "KV positions in use at once ([kv-memory.md](kv-memory.md))",
+    Parameter("kv_budget_tokens", "int", None, "engine", "KV memory in positions: running requests' blocks and the "
+              "prefix cache in what they leave ([kv-memory.md](kv-memory.md))",
               minimum=1, doc_default="`max_slots` x `context_length`"),
-    Parameter("prefix_cache_tokens", "int", 8192, "engine", "positions the prefix cache keeps (0 turns it off)",
+    Parameter("prefix_cache_tokens", "int", 8192, "engine", "the most of that memory the prefix cache keeps; it "
+              "yields to running requests (0 turns it off)",
               minimum=0),
     Parameter("kv_events_endpoint", "str", None, "engine", "ZMQ PUB endpoint (e.g. `tcp://*:5557`) for KV events in "
               "vLLM's format, topic `kv@<POD_NAME or host>@<served_name>` ([kv-memory.md](kv-memory.md))",

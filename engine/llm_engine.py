@@ -60,8 +60,8 @@ class EngineConfig:
     lora_paths: dict[str, str] | None = None  # served adapter name -> local adapter folder
     max_loras: int = 8  # adapters served at once, loaded at run time or not (engine.lora_runtime)
     max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
-    kv_budget_tokens: int | None = None  # KV positions running requests may reserve (None: slots x len)
-    prefix_cache_tokens: int = 8192  # K/V of past prompts kept for reuse (automatic prefix caching; 0: off)
+    kv_budget_tokens: int | None = None  # KV memory in positions, the prefix cache's included (None: slots x len)
+    prefix_cache_tokens: int = 8192  # at most this much of it keeps past prompts for reuse (0: off); yields to running
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
     grammar_budget_s: float = 5.0  # the longest a request's grammar may compile before it is refused (400)
     cuda_graphs: bool = True  # on a GPU, replay decode steps from captured CUDA graphs (engine.runner.cuda_graphs)

@@ -8,6 +8,11 @@ between different token sequences. Blocks live in one preallocated pool; the lea
 reused when it is full. Everything is plain tensor copies on the cache's device, so the GPU engine uses
 the same logic.
 
+The pool lives inside the engine's KV memory and yields to the running requests (docs/kv-memory.md): each step the
+scheduler says how many blocks the running rows leave (`shrink`), and the least recently used blocks past that go,
+their pages given back on the host. So the prefix cache holds only memory no running request needs, as a paged
+cache's freed blocks do, and running requests may use the whole budget.
+
 A key is a 64-bit keyed BLAKE2b of the parent's key and the block's tokens, keyed by the salt: stable across
 processes, so the keys this cache reports in its KV events (engine.core.kv_events, when `events` is a list) mean the
 same thing to a router after a restart. The salt is (LoRA adapter, then whatever else the K/V depends on).
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core import kv_events
-from engine.model.kv_cache import KVCache, commit, zeroed
+from engine.model.kv_cache import KVCache, give_back, zeroed
 
 BlockKey = int
 
@@ -41,12 +46,13 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity = max(capacity_tokens // block_tokens, 0)
         shape = (layers, self.capacity, heads, block_tokens, dim)
-        # committed up front (its size is the profile's budget, held for the process's life): a store into
-        # fresh pages would pay their faults on the path to the first token
-        self.k = commit(zeroed(shape, cache.k.dtype, cache.k.device))
-        self.v = commit(zeroed(shape, cache.v.dtype, cache.v.device))
+        # on the host, pages are committed as rows are first written (a store runs after the prompt's first token is
+        # out, never on the way to it) and given back when the running requests need the memory (`shrink`)
+        self.k = zeroed(shape, cache.k.dtype, cache.k.device)
+        self.v = zeroed(shape, cache.v.dtype, cache.v.device)
         self.blocks: collections.OrderedDict[BlockKey, _Block] = collections.OrderedDict()  # LRU first
         self.free = list(range(self.capacity - 1, -1, -1))
+        self.allowance = self.capacity  # blocks it may hold now: what the running requests leave of the KV memory
         self.hit_tokens = 0  # counters for metrics and benchmarks
         self.queried_tokens = 0
         self.events: list[dict[str, Any]] | None = None  # a list: stored and evicted blocks are recorded there
@@ -122,8 +128,35 @@ class PrefixCache:
             [key for _, key, _, _ in stored], stored[0][2], [t for *_, block in stored for t in block],
             self.block_tokens, adapter, extra if any(e is not None for e in extra) else None)
 
+    def shrink(self, allowance: int) -> None:
+        """Hold at most `allowance` blocks from now on: the least recently used past it are evicted, and on the host
+        their pages go back to the OS (the running requests are about to use that memory)."""
+        self.allowance = max(0, min(allowance, self.capacity))
+        evicted: list[BlockKey] = []
+        rows: list[int] = []
+        while len(self.blocks) > self.allowance:
+            key, entry = self.blocks.popitem(last=False)
+            evicted.append(key)
+            rows.append(entry.index)
+        self.free += rows
+        self._give_back(sorted(rows))
+        if evicted and self.events is not None:
+            self.events.append(kv_events.block_removed(evicted))
+
+    def _give_back(self, rows: list[int]) -> None:
+        """Drop the pages of these (sorted) rows, a run of consecutive rows at a time (a row of a small model can be
+        less than a page; only whole pages go)."""
+        if self.k.device.type != "cpu" or not rows:
+            return  # device memory stays allocated; only the count matters there
+        runs = _runs([(row, row) for row in rows])
+        for pool in (self.k, self.v):
+            layer_bytes, row_bytes = pool.stride(0) * pool.element_size(), pool.stride(1) * pool.element_size()
+            for layer in range(pool.shape[0]):
+                for first, _, count in runs:
+                    give_back(pool.data_ptr() + layer * layer_bytes + first * row_bytes, count * row_bytes)
+
     def _take_row(self, chain: set[BlockKey]) -> int | None:
-        if self.free:
+        if self.free and len(self.blocks) < self.allowance:
             return self.free.pop()
         oldest = next(iter(self.blocks), None)
         if oldest is None or oldest in chain:

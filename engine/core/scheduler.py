@@ -27,7 +27,7 @@ from typing import Any
 from engine.core import kv_events
 from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
-from engine.core.slots import Recompute, SlotTable, blocks, owner
+from engine.core.slots import BLOCK_TOKENS, Recompute, SlotTable, blocks, owner
 from engine.core.stats import EngineStats
 from engine.errors import EngineError
 from engine.request import EngineRequest, RequestOutput
@@ -60,7 +60,8 @@ class Scheduler:
         self._admissions = itertools.count()  # admission order: the newest running candidate is preempted first
         self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
-        self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens, BLOCK_TOKENS) \
+            if prefix_cache_tokens > 0 else None
         # KV events (engine.core.kv_events): the prefix cache records its stored and evicted blocks, sent each step
         self.publish_kv_events = publish_kv_events if self.prefix_cache is not None else None
         if self.publish_kv_events is not None and self.prefix_cache is not None:
@@ -313,8 +314,12 @@ class Scheduler:
             self.prefix_cache.store(group.request.prompt_ids, self._cache_salt(group), parent.slot, parent.kv_len)
 
     def cache_finished(self, seq: Sequence) -> None:
-        """A finished candidate's prompt + output K/V (a chat's next turn starts with both)."""
+        """A finished candidate's prompt + output K/V (a chat's next turn starts with both). Its row is retired
+        right after, so the blocks it gives back are the prefix cache's to fill, as a paged cache's finished blocks
+        stay cached."""
         if self.prefix_cache is not None and seq.finish_reason in ("stop", "length"):
+            self.prefix_cache.allowance = min(self.prefix_cache.capacity,
+                                              self.prefix_cache.allowance + blocks(seq.kv_len + 1))
             self.prefix_cache.store(seq.prompt_ids + seq.output_ids, self._cache_salt(seq.group), seq.slot,
                                     seq.kv_len)
 
@@ -347,8 +352,18 @@ class Scheduler:
             elif newest is not None:
                 self._preempt(newest)
             else:
-                return
+                break
             self.stats.preemptions += 1
+        self._yield_prefix()
+
+    def _yield_prefix(self) -> None:
+        """The prefix cache lives in the same KV memory and holds only what the running rows leave; freed rows keep
+        their pages resident only within what it does not hold (engine.model.kv_cache), so resident memory stays
+        within the budget."""
+        if self.prefix_cache is None:
+            return
+        self.prefix_cache.shrink(self.slots.budget_blocks - self.slots.used_blocks())
+        self.slots.cache.resident_budget = (self.slots.budget_blocks - len(self.prefix_cache.blocks)) * BLOCK_TOKENS
 
     def _heartbeat_preempted(self) -> None:
         """An empty output for each streamed request whose candidates all wait (preempted or being recomputed)

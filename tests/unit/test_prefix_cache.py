@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.core.prefix_cache import PrefixCache
+from engine.core.slots import blocks
 from engine.model.kv_cache import KVCache
 from engine.sampling_params import SamplingParams
 
@@ -229,4 +230,53 @@ def test_a_prompt_is_stored_after_its_first_token_is_out(cached_scheduler, turns
     assert len(seen) == together and all(counts[n] >= 1 for counts in seen for n in names)
     run.until_done()
     again = run_one(sched, "again", turns["a"], greedy(2, ignore_eos=True))
+    assert again.final("again").cached_tokens > 0
+
+
+def test_shrink_evicts_the_least_recently_used_gives_their_pages_back_and_says_so(real_engine):
+    """The pool yields to running requests: past the allowance the oldest blocks go (BlockRemoved), their rows are
+    free again and, on the host, read as zeros (their pages went back to the OS)."""
+    decoder = real_engine.runner.decoder
+    kv = KVCache(2, 2, decoder.n_kv, 64, decoder.head_dim, torch.float32, "cpu")
+    kv.k.normal_()
+    kv.v.normal_()
+    cache = PrefixCache(kv, capacity_tokens=96, block_tokens=16)  # 6 rows
+    cache.events = []
+    first, second = list(range(100, 149)), list(range(300, 349))  # a lookup leaves the last token to prefill
+    cache.store(first, None, slot=0, length=48)  # 3 blocks of 16
+    cache.store(second, None, slot=1, length=48)
+    old_rows = cache.lookup(first, None, touch=False)
+    cache.lookup(second, None)  # the second is the most recently used
+    cache.shrink(3)
+    assert len(cache.blocks) == 3 and cache.allowance == 3
+    assert cache.lookup(first, None, touch=False) == [] and len(cache.lookup(second, None, touch=False)) == 3
+    assert [e["type"] for e in cache.events] == ["BlockStored", "BlockStored", "BlockRemoved"]
+    assert len(cache.events[-1]["block_hashes"]) == 3
+    assert all(not cache.k[:, row].any() and not cache.v[:, row].any() for row in old_rows)
+    cache.store(first, None, slot=0, length=48)  # full: a store takes the least recently used rows
+    assert len(cache.blocks) == 3 and len(cache.lookup(first, None, touch=False)) == 3
+
+
+def test_the_prefix_cache_holds_only_what_running_requests_leave(cached_scheduler, turns):
+    """One KV memory: after every step the running rows' blocks plus the prefix cache's fit the budget, and the
+    prefix cache keeps a finished conversation even when the running rows had filled the memory before it ended."""
+    sched = cached_scheduler(capacity=4096, slots=4)
+    scheduler = sched.scheduler
+    scheduler.kv_budget = scheduler.slots.kv_budget = 24 * 16
+    scheduler.stats.kv_budget = scheduler.slots.budget_blocks
+    run = Run(sched)
+    for rid in ("a", "b", "c", "other"):
+        run.add(rid, turns[rid], greedy(40, ignore_eos=True))
+    cache = scheduler.prefix_cache
+    for _ in range(500):
+        if not scheduler.has_work():
+            break
+        run.step()
+        slots = scheduler.slots
+        rows = list(slots.decoding) + (slots.prefilling.sequences[:1] if slots.prefilling is not None else [])
+        written = sum(blocks(seq.kv_len) for seq in rows)  # blocks holding K/V now
+        assert written + len(cache.blocks) <= slots.budget_blocks
+    assert not scheduler.has_work()
+    assert cache.blocks  # the last finished ones stay cached once the memory is free
+    again = run_one(sched, "again", turns["other"], greedy(2, ignore_eos=True))
     assert again.final("again").cached_tokens > 0

@@ -63,7 +63,7 @@ def test_every_profile_add_model_writes_validates(tmp_path, kind):
 
 def test_the_shipped_smollm2_profile_is_typed():
     p = parse_profile(parameters(REPO / "model_repository" / "smollm2_135m_instruct"))
-    assert (p.context_length, p.max_slots, p.kv_budget_tokens, p.reasoning) == (2048, 128, 65536, False)
+    assert (p.context_length, p.max_slots, p.kv_budget_tokens, p.reasoning) == (2048, 128, 81920, False)
     assert p.lora_paths == {"pirate": "smollm2-lora-pirate"} and p.default_sampling == {"temperature": 0.2,
                                                                                            "top_p": 0.9}
     assert p.grammar_kinds == ("json_schema", "regex", "ebnf")
