@@ -119,6 +119,30 @@ def torch_free_modules() -> list[str]:
     return [m for m in modules("contract", "engine") if rule_of(m)[1].torch_free]
 
 
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (module -> the modules it imports) as a path that ends where it starts, or None
+    (the engine's and the gateway's layering tests both hold their trees free of cycles)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["torch-free"]:
         sys.exit(__doc__)

@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_layers import PENDING, REPO, TORCH, TRITON_STUB, Import, allowed, imports, modules, rule_of
+from tests.engine_layers import (
+    PENDING,
+    REPO,
+    TORCH,
+    TRITON_STUB,
+    Import,
+    allowed,
+    find_cycle,
+    imports,
+    modules,
+    rule_of,
+)
 
 ENGINE = modules("contract", "engine")
 OURS = ("engine", "contract")
@@ -41,28 +52,6 @@ def _violations(known: dict[str, Path]) -> tuple[list[str], set[tuple[str, str]]
     return found, edges
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
-
-
 def test_every_engine_module_is_in_a_layer():
     for module in ENGINE:
         rule_of(module)  # KeyError names the module
@@ -81,7 +70,7 @@ def test_no_import_cycle_in_the_engine():
         for imp in imports(path, ENGINE):
             if imp.target in ENGINE and imp.target != module and (module, imp.target) not in PENDING:
                 graph[module].add(imp.target)
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
 def test_the_gateway_imports_no_engine_and_no_torch():

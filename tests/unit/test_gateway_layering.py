@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_layers import TORCH, imports, modules
+from tests.engine_layers import TORCH, find_cycle, imports, modules
 from tests.gateway_layers import FORBIDDEN, LAYERS, ROOT, layer_of
 
 GATEWAY = modules(ROOT)
@@ -34,29 +34,6 @@ def _graph(known: dict[str, Path]) -> dict[str, set[str]]:
             for module, path in known.items()}
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as a path that ends where it starts, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
-
-
 def _forbidden(known: dict[str, Path]) -> list[str]:
     return [f"{_where(module, path)}:{imp.line} {imp.target}" for module, path in known.items()
             for imp in imports(path, known) if imp.target.split(".")[0] in FORBIDDEN | TORCH]
@@ -79,7 +56,7 @@ def test_no_gateway_module_imports_a_higher_layer():
 
 
 def test_no_import_cycle_in_the_gateway():
-    cycle = _cycle(_graph(GATEWAY))
+    cycle = find_cycle(_graph(GATEWAY))
     assert cycle is None, " -> ".join(cycle or [])
 
 
@@ -123,7 +100,7 @@ def test_a_planted_cycle_and_engine_import_are_caught(planted):
     known = planted(**{"gateway.planted_a": "import gateway.planted_b\nimport torch\n",
                        "gateway.planted_b": "def f():\n    from gateway.planted_a import x\n"
                                             "    from engine.errors import E\n"})
-    assert _cycle(_graph(known)) == ["gateway.planted_a", "gateway.planted_b", "gateway.planted_a"]
+    assert find_cycle(_graph(known)) == ["gateway.planted_a", "gateway.planted_b", "gateway.planted_a"]
     assert sorted(f for f in _forbidden(known) if "planted" in f) == ["gateway/planted_a.py:2 torch",
                                                                       "gateway/planted_b.py:3 engine.errors"]
 
