@@ -35,7 +35,7 @@ class ChatCompletionsResource:
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id
         created = int(time.time())
-        session = await self.service.open(greq, profile, hints, request_id)
+        session = await collect_or_cancel(self.service.open(greq, profile, hints, request_id), req)
         record_answering_endpoint(req, session)
         TTFT.labels(endpoint="chat", model=profile.name).observe(session.ttft_s)
         if greq.stream:

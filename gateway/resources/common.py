@@ -55,7 +55,8 @@ def set_sse_headers(resp) -> None:
 
 
 async def collect_or_cancel(coro, req):
-    """Await a blocking generation, cancelling it (and the Triton request) if the client leaves."""
+    """Await a generation's first event (it may wait queued behind others for a long time) or a blocking answer,
+    cancelling it (and the Triton request) if the client leaves meanwhile."""
     task = asyncio.ensure_future(coro)
     watch = req.scope.get("sie.watch_disconnect")
     if watch is None:
@@ -65,10 +66,11 @@ async def collect_or_cancel(coro, req):
         done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # the Triton call is closed once this returns
         # nobody reads this answer; it ends the request quietly (an escaping CancelledError is
         # logged by the server as a crash) and counts as 499 "client closed request" in metrics
         raise GatewayError("the client closed the request", code="cancelled", status=499)
     finally:
         gone.cancel()
+        if not task.done():  # the client left, or this handler itself was cancelled (a worker stopping)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # the Triton call is closed once this returns

@@ -37,7 +37,8 @@ class CompletionsResource:
         request_id = req.context.request_id
         shape = CompletionShape(request_id, int(time.time()), profile.name, job.prompts, greq.n, job.echo,
                                 job.logprobs)
-        session = await open_prompts(self.service, greq, job.prompts, profile, hints, request_id)
+        opening = open_prompts(self.service, greq, job.prompts, profile, hints, request_id)
+        session = await collect_or_cancel(opening, req)
         record_answering_endpoint(req, session)
         TTFT.labels(endpoint="completions", model=profile.name).observe(session.ttft_s)
         if greq.stream:

@@ -72,7 +72,7 @@ class GenerateResource:
         greq = self.service.apply_profile(parse_generate_request(body, model), profile)
         hints = with_affinity(hints, greq)
         request_id = req.context.request_id
-        session = await self.service.open(greq, profile, hints, request_id)
+        session = await collect_or_cancel(self.service.open(greq, profile, hints, request_id), req)
         record_answering_endpoint(req, session)
         TTFT.labels(endpoint="generate", model=profile.name).observe(session.ttft_s)
         if greq.stream:

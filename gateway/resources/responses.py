@@ -57,7 +57,7 @@ class ResponsesResource:
         shape = ResponseShape(request, request_id, int(time.time()), profile.name, request.previous_response_id,
                               stored=store is not None,
                               sampling_defaults=(profile.default_temperature, profile.default_top_p))
-        session = await self.service.open(greq, profile, hints, request_id)
+        session = await collect_or_cancel(self.service.open(greq, profile, hints, request_id), req)
         record_answering_endpoint(req, session)
         TTFT.labels(endpoint="responses", model=profile.name).observe(session.ttft_s)
         conversation = [*history, *request.parsed_input.messages]

@@ -71,3 +71,27 @@ async def test_completed_stream_is_not_reported_cancelled(gw):
     (call,) = gw.calls
     assert call.completed and call.closed and not call.cancelled
     assert b"".join(exchange.chunks).endswith(b"data: [DONE]\n\n")
+
+
+QUEUED_PATHS = [("/v1/chat/completions", CHAT), (f"/v1/generate/{SIE_MODEL}", GENERATE),
+                ("/v1/completions", {"model": MODEL, "prompt": "Once upon", "max_tokens": 8}),
+                ("/v1/responses", {"model": MODEL, "input": "hi", "store": False})]
+
+
+@pytest.mark.parametrize(("path", "body"), QUEUED_PATHS)
+@pytest.mark.parametrize("stream", [False, True], ids=["blocking", "streaming"])
+async def test_a_client_that_leaves_before_its_first_token_cancels_the_queued_request(gw, path, body, stream):
+    """The model says nothing yet (the request waits in the engine's queue): the gateway still notices the client
+    leave and cancels, instead of holding the request until the first-chunk timeout."""
+    gw.fake().script = [HANG]
+    exchange, run = raw_call(gw.app, path, {**body, "stream": stream})
+    task = asyncio.ensure_future(run())
+    while not gw.calls:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    exchange.disconnect.set()
+    await run_until_disconnected(task)
+    (call,) = gw.calls
+    assert call.cancelled and call.closed and not call.completed
+    assert exchange.status in (None, 499)  # never a stream opened for a client that left
+    assert gw.registry.endpoints[0].outstanding == 0

@@ -139,3 +139,19 @@ async def test_a_claim_is_taken_once_and_given_back_once(gw):
         async with kept:
             pass
     assert endpoint.outstanding == 0
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["queued", "answering"])
+async def test_a_blocking_request_cancelled_while_it_waits_gives_the_count_back(gw, answered):
+    """The handler's task is cancelled (a worker stopping) while a blocking request waits for its first token or
+    for the rest of its answer: the wait on the model is cancelled with it and the Triton call is closed."""
+    gw.fake().script = [ev("first", prompt=1), HANG] if answered else [HANG]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    _, run = raw_call(gw.app, "/v1/chat/completions", body)
+    task = asyncio.ensure_future(run())
+    await asyncio.wait_for(_first_sent(gw) if answered else _called(gw), 2)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 2)
+    assert gw.calls[0].closed
+    assert _counts(gw) == [0]
