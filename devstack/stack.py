@@ -33,9 +33,11 @@ class LocalStack:
 @contextlib.contextmanager
 def local_stack(repo: Path, log_dir: Path, workers: int = 2, extra_env: dict[str, str] | None = None,
                 triton_timeout: float = 300.0, keep_serving: bool = False,
-                triton_env: dict[str, str] | None = None) -> Iterator[LocalStack]:
+                triton_env: dict[str, str] | None = None, engine_metrics: bool = False) -> Iterator[LocalStack]:
     """`keep_serving`: a model that fails to load leaves the others served (its state and reason in `models`)
-    instead of stopping tritonserver; the stack then waits for every load to end, not for all to be READY."""
+    instead of stopping tritonserver; the stack then waits for every load to end, not for all to be READY.
+    `engine_metrics`: the gateway's /metrics also carries the engine's gauges under vLLM's names, read from this
+    stack's Triton, as the gateway beside its own Triton in an inference-pool pod does (docs/deploy.md)."""
     ports = TritonPorts(free_port(), free_port(), free_port())
     triton = start_triton(repo, ports, log_dir / "triton.log", extra=KEEP_SERVING_ARGS if keep_serving else None,
                           extra_env=triton_env)
@@ -47,6 +49,8 @@ def local_stack(repo: Path, log_dir: Path, workers: int = 2, extra_env: dict[str
         else:
             wait_ready(ports, triton, timeout=triton_timeout)
         port = free_port()
+        if engine_metrics:
+            extra_env = {**(extra_env or {}), "SIE_ENGINE_METRICS_URL": f"http://127.0.0.1:{ports.metrics}/metrics"}
         gateway = start_gateway(ports.grpc, port, workers=workers, log_path=log_dir / "gateway.log",
                                 extra_env=extra_env)
         wait_http(f"http://127.0.0.1:{port}/readyz")
