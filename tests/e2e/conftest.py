@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import pytest
 
 from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
-from devstack.stack import local_stack
+from devstack.stack import LocalStack, local_stack
 from devstack.triton import REPO_ROOT, TritonPorts, start_triton, wait_ready
 from tests.helpers.prometheus import metric_value, scrape
 from tests.tiny_vlm import ensure_tiny_vlm
@@ -91,3 +92,14 @@ def stub(tmp_path_factory) -> Iterator[StubStack]:
     s = StubStack(tmp_path_factory.mktemp("stub-stack"))
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory) -> Iterator[LocalStack]:
+    """An inference-pool pod's shape: SmolLM2 alone, the gateway beside its own Triton carrying the engine's gauges
+    under vLLM's names on its /metrics (docs/deploy.md)."""
+    root = tmp_path_factory.mktemp("pod")
+    repo = root / "repository"
+    shutil.copytree(REPO_ROOT / "model_repository" / "smollm2_135m_instruct", repo / "smollm2_135m_instruct")
+    with local_stack(repo, root, extra_env={"SIE_AUTH_MODE": "none"}, engine_metrics=True) as stack:
+        yield stack

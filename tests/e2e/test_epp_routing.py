@@ -21,15 +21,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from devstack.net import free_port
 from devstack.serve import stop
-from devstack.stack import LocalStack, local_stack
-from devstack.triton import REPO_ROOT
+from devstack.stack import LocalStack
 
 from .conftest import MODEL
 
@@ -90,15 +88,6 @@ class _Saturated(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory) -> Iterator[LocalStack]:
-    root = tmp_path_factory.mktemp("epp-pod")
-    repo = root / "repository"
-    shutil.copytree(REPO_ROOT / "model_repository" / "smollm2_135m_instruct", repo / "smollm2_135m_instruct")
-    with local_stack(repo, Path(root), extra_env={"SIE_AUTH_MODE": "none"}, engine_metrics=True) as stack:
-        yield stack
 
 
 @pytest.fixture(scope="module")

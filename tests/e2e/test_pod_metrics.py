@@ -6,15 +6,9 @@ They follow the engine within a scrape: a request running shows, and is gone onc
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-
 import openai
-import pytest
 
-from devstack.stack import LocalStack, local_stack
-from devstack.triton import REPO_ROOT
+from devstack.stack import LocalStack
 from tests.helpers.prometheus import samples, scrape
 from tests.helpers.waiting import wait_until
 
@@ -24,15 +18,6 @@ from .conftest import MODEL
 PROTOCOL = {"vllm:num_requests_waiting": set(), "vllm:num_requests_running": set(),
             "vllm:kv_cache_usage_perc": set(), "vllm:cache_config_info": {"block_size", "num_gpu_blocks"},
             "vllm:lora_requests_info": {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}}
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory) -> Iterator[LocalStack]:
-    root = tmp_path_factory.mktemp("pod")
-    repo = root / "repository"
-    shutil.copytree(REPO_ROOT / "model_repository" / "smollm2_135m_instruct", repo / "smollm2_135m_instruct")
-    with local_stack(repo, Path(root), extra_env={"SIE_AUTH_MODE": "none"}, engine_metrics=True) as stack:
-        yield stack
 
 
 def _gauge(stack: LocalStack, name: str) -> float:
