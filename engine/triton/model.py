@@ -22,12 +22,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Python backend stub
 
 from contract.error_codes import lookup
+from contract.stop_call import CALL_PARAMETER, STOP_PARAMETER
 from engine.errors import EngineError
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.triton import lora_control
-from engine.triton.cancel_probe import CancelProbe, ProbeRate
+from engine.triton.cancel_probe import CallStops, CancelProbe, ProbeRate
 from engine.triton.intake import SlowLane, checked_cache_salt
 from engine.triton.metrics import EngineMetrics
 from engine.triton.outbox import coalesce
@@ -61,6 +62,15 @@ def _input_bool(request, name: str) -> bool:
     return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False
 
 
+def _request_parameters(request) -> dict[str, Any]:
+    """The Triton request parameters (the gateway's call id, or the call a stop request names)."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return params if isinstance(params, dict) else {}
+
+
 def _input_flags(request) -> dict[str, bool]:
     """The vLLM backend's optional BOOL inputs that this request sent (engine/triton/reply.py)."""
     flags = {}
@@ -92,12 +102,19 @@ class TritonPythonModel:
         self.slow_lane = SlowLane(limit=profile.max_queue)
         # is_cancelled round trips: a fixed rate for all live requests together
         self.cancel_rate = ProbeRate(lambda: self.engine.stats.running + self.engine.num_waiting)
+        self.stops = CallStops()  # what the gateway's stop requests name (contract/stop_call.py)
         self.engine.on_fatal = self._die
         self.engine.start()
 
     def execute(self, requests):
         for request in requests:
-            reply = Reply(request.get_response_sender())
+            params = _request_parameters(request)
+            if STOP_PARAMETER in params:  # ends the named generation at its next step; nothing to answer
+                self.stops.stop(str(params[STOP_PARAMETER]))
+                request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            call_id = params.get(CALL_PARAMETER)
+            reply = Reply(request.get_response_sender(), str(call_id) if call_id is not None else None)
             try:
                 if pb_utils.get_input_tensor_by_name(request, lora_control.INPUT) is not None:
                     lora_control.answer(pb_utils, self.engine, _input_str(request, lora_control.INPUT), reply.sender,
@@ -177,6 +194,8 @@ class TritonPythonModel:
         request_id, stream = request.request_id() or "", _input_bool(request, "stream")
         cache_salt = checked_cache_salt(_input_str(request, "cache_salt"))
         is_cancelled = CancelProbe(request.is_cancelled, self.cancel_rate)  # a server round trip: rate-limited
+        if reply.call_id is not None:
+            self.stops.add(reply.call_id, is_cancelled)
 
         def build() -> EngineRequest:
             prompt_ids, embeds = self.engine.encode_inputs(text_input, messages, params, images, token_ids)
@@ -214,6 +233,8 @@ class TritonPythonModel:
 
     def _send(self, reply: Reply, out: RequestOutput) -> None:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if out.final else 0
+        if out.final:
+            self.stops.discard(reply.call_id)
         try:
             if out.error is not None or (out.final and out.finish_reason == "cancelled"):
                 error = out.error or EngineError("cancelled", "request cancelled")

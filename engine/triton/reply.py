@@ -28,10 +28,11 @@ class Reply:
     """One request's response sender and the output options it asked for. One object per request, so the
     outbox's coalescing (keyed on the sender's identity) still groups by request."""
 
-    __slots__ = ("_prefixed", "_sent_tokens", "num_input_tokens", "num_output_tokens", "prefix", "sender")
+    __slots__ = ("_prefixed", "_sent_tokens", "call_id", "num_input_tokens", "num_output_tokens", "prefix", "sender")
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Any, call_id: str | None = None) -> None:
         self.sender = sender
+        self.call_id = call_id  # the gateway's id for the call, which its stop request names (contract/stop_call.py)
         self.prefix = ""  # prompt text to echo before each choice's first text
         self.num_input_tokens = False
         self.num_output_tokens = False

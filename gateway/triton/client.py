@@ -1,18 +1,21 @@
 """Async gRPC client for one Triton endpoint: streaming generation and model discovery.
 
-One bidirectional `ModelStreamInfer` call per HTTP request; the request side stays open until we
-are done (half-closing it early makes the call end). A call whose request finished (final response or
-error) is ended cleanly: half-close, then read the stream to its OK status. Only a request left early
-(client gone, timeout, broken stream) cancels the call, which Triton turns into `request.is_cancelled()`
-in the model. Why not cancel every call: tritonserver 2.51 keeps about 9 kB per cancelled stream for
-good (measured: 18,000 cancelled calls grew it 42 -> 214 MB; ended cleanly it stays flat).
+One bidirectional `ModelStreamInfer` call per HTTP request; the request side stays open while the request
+runs. A call is never left to the server to tidy up:
+- a request that finished (final response or error): half-close, then read the call to its OK status;
+- a generation its consumer left early (client gone, timeout): a stop request on the same call, then the same
+  (contract/stop_call.py);
+- a call that broke, or does not end within `_END_CALL_TIMEOUT_S`: cancel, which Triton turns into
+  `request.is_cancelled()` in the model.
+Why not cancel more: tritonserver 2.51 now and then aborts when a call is cancelled while the model still sends
+on it, and keeps about 9 kB per cancelled call for good (18,000 cancelled calls grew it 42 -> 214 MB).
 """
-
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
+import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -36,6 +39,7 @@ from gateway.triton.codec import (
     decode_tokenizer_response,
     encode_lora_control,
     encode_request,
+    encode_stop,
     encode_tokenizer_request,
     is_final,
     parse_error_message,
@@ -55,7 +59,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 1_000),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
-# Triton ends a half-closed stream within a round trip once its request is done; past this, cancel.
+# Triton ends a half-closed call within a round trip once its request is done, and a stopped one within a step of
+# the engine (a long prefill chunk at worst); past this, cancel.
 _END_CALL_TIMEOUT_S = 5.0
 # Triton's own refusals of a request no model instance has seen: a server that is shutting down (its models
 # unloading: "Request for unknown model: 'x' has no available versions"), or a model not loaded here.
@@ -108,7 +113,9 @@ class TritonClient:
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Yield the model's events for one request; raises GatewayError subclasses on failure."""
         # aclosing: a consumer that stops early (client gone) must end the Triton call now, not at GC
-        async with contextlib.aclosing(self._responses(encode_request(triton_model, req, request_id))) as responses:
+        call_id = secrets.token_hex(16)  # names this call alone: a stop request cannot reach another client's
+        request = encode_request(triton_model, req, request_id, call_id)
+        async with contextlib.aclosing(self._responses(request, call_id)) as responses:
             async for response in responses:
                 try:
                     event, _ = decode_response(response)
@@ -139,20 +146,23 @@ class TritonClient:
         return result
 
     async def _responses(
-        self, request: service_pb2.ModelInferRequest
+        self, request: service_pb2.ModelInferRequest, call_id: str | None = None
     ) -> AsyncGenerator[service_pb2.ModelInferResponse, None]:
-        """The request's infer responses up to its final one; the call is ended (or cancelled) after."""
-        finished = asyncio.Event()
+        """The request's infer responses up to its final one; the call is ended after (module docstring). A
+        generation carries `call_id`, so that a consumer that leaves early stops it rather than cancel it."""
+        outbox: asyncio.Queue[service_pb2.ModelInferRequest | None] = asyncio.Queue()
+        outbox.put_nowait(request)
 
         async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
-            yield request
-            await finished.wait()
+            while (item := await outbox.get()) is not None:
+                yield item
 
         call = self.stub.ModelStreamInfer(requests())
         entry = _InFlight(call)
         calls = self._in_flight.setdefault(request.model_name, set())
         calls.add(entry)
         request_done = False  # Triton sent the request's last response: end the call, do not cancel it
+        broken = False
         answered = False
         try:
             async for response in call:
@@ -173,8 +183,10 @@ class TritonClient:
                 yield response.infer_response
                 if request_done:
                     return
+            request_done = True  # the call ended: nothing left to stop
             raise UpstreamUnavailable("the model stream ended before the request finished")
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            broken = isinstance(exc, grpc.aio.AioRpcError)
             if entry.error is not None:  # ended by `abort`: its reason, not the cancellation it caused
                 raise entry.error from None
             if isinstance(exc, asyncio.CancelledError):
@@ -182,8 +194,10 @@ class TritonClient:
             raise _rpc_error(exc) from None
         finally:
             calls.discard(entry)
-            finished.set()  # half-close: Triton ends the call once the request is done
-            await _end_call(call, request_done)
+            stop = None
+            if not (request_done or broken) and entry.error is None and call_id is not None:
+                stop = encode_stop(request.model_name, call_id, request.id)
+            await _end_call(call, outbox, request_done and not broken, stop)
 
     def abort(self, triton_model: str, error: GatewayError) -> int:
         """End every open call of `triton_model` with `error` (its process died: Triton would leave them
@@ -242,19 +256,25 @@ class TritonClient:
         return models
 
 
-async def _end_call(call: grpc.aio.StreamStreamCall, request_done: bool) -> None:
-    """Let a finished request's call end with its status; cancel it otherwise (or if it does not end)."""
+async def _end_call(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[service_pb2.ModelInferRequest | None],
+                    request_done: bool, stop: service_pb2.ModelInferRequest | None) -> None:
+    """Half-close the call and read it to its OK status: at once when its request is done, after `stop` when its
+    generation is to be stopped. Cancel it when neither applies, or when it does not end in time."""
     ended = False
     try:
-        if request_done:
+        if request_done or stop is not None:
+            if stop is not None:
+                outbox.put_nowait(stop)
+            outbox.put_nowait(None)  # half-close
             async with asyncio.timeout(_END_CALL_TIMEOUT_S):
                 async for _ in call:
-                    pass  # nothing follows a final response; reading on receives the OK status
+                    pass  # a stopped generation's last tokens and its final `cancelled` error; then the OK status
             ended = True
     except (TimeoutError, grpc.aio.AioRpcError):
         pass
     finally:
         if not ended:
+            outbox.put_nowait(None)
             call.cancel()  # stops the Triton request: the model sees request.is_cancelled()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from tritonclient.grpc import service_pb2
 
+from contract.stop_call import CALL_PARAMETER, STOP_PARAMETER
 from gateway.domain import GenerationEvent, GenerationRequest, TokenizerResult, TokenizerTask
 
 _INT32 = struct.Struct("<i")
@@ -34,8 +35,12 @@ def _int64_tensor(request: service_pb2.ModelInferRequest, name: str, values: Seq
     request.raw_input_contents.append(struct.pack(f"<{len(values)}q", *values))
 
 
-def encode_request(triton_model: str, req: GenerationRequest, request_id: str) -> service_pb2.ModelInferRequest:
+def encode_request(triton_model: str, req: GenerationRequest, request_id: str,
+                   call_id: str | None = None) -> service_pb2.ModelInferRequest:
+    """`call_id`: the gateway's id for the call, which a stop request names (contract/stop_call.py)."""
     request = service_pb2.ModelInferRequest(model_name=triton_model, id=request_id)
+    if call_id is not None:
+        request.parameters[CALL_PARAMETER].string_param = call_id
     if req.messages is not None:
         _bytes_tensor(request, "messages", [orjson.dumps(list(req.messages))])
     elif req.prompt_token_ids is not None:
@@ -51,6 +56,13 @@ def encode_request(triton_model: str, req: GenerationRequest, request_id: str) -
         _bytes_tensor(request, "images", [img.data for img in req.images])
     if req.cache_salt is not None:
         _bytes_tensor(request, "cache_salt", [req.cache_salt.encode()])
+    return request
+
+
+def encode_stop(triton_model: str, call_id: str, request_id: str) -> service_pb2.ModelInferRequest:
+    """The control request that ends the generation `call_id` on the same call: no inputs, nothing generated."""
+    request = service_pb2.ModelInferRequest(model_name=triton_model, id=f"{request_id}/stop")
+    request.parameters[STOP_PARAMETER].string_param = call_id
     return request
 
 

@@ -91,7 +91,11 @@ def stub(tmp_path_factory) -> Iterator[StubStack]:
     """tritonserver on the stub repository + a gateway with token auth (fast, restartable)."""
     s = StubStack(tmp_path_factory.mktemp("stub-stack"))
     yield s
+    died = s.triton.poll()
     s.close()
+    if died is not None and os.environ.get("CI"):  # every test after it failed: say why it went
+        print(f"--- the stub's tritonserver exited ({died}); tail of its log ---\n"
+              + (s.logs / "triton.log").read_text(errors="replace")[-3000:])
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The Triton glue's cancellation probe asks the server at most once per interval, never forgets, and its
 interval grows with the live requests so that all their round trips together stay under a fixed rate."""
 
-from engine.triton.cancel_probe import CancelProbe, ProbeRate
+from engine.triton.cancel_probe import CallStops, CancelProbe, ProbeRate
 
 
 class Clock:
@@ -59,3 +59,24 @@ def test_a_lone_request_is_asked_every_tenth_of_a_second():
     assert ProbeRate(lambda: 1).interval() == 0.1
     assert ProbeRate(lambda: 0).interval() == 0.1
     assert ProbeRate(lambda: 64).interval() == 64 / 20
+
+
+def test_a_stop_request_cancels_the_named_call_at_once_and_no_other():
+    """The gateway's stop request (contract/stop_call.py) needs no round trip and reaches only the call it names."""
+    clock, asked = Clock(), []
+    rate = ProbeRate(lambda: 2, rate_per_s=1, min_interval_s=10)
+
+    def check() -> bool:
+        asked.append(clock.now)
+        return False
+
+    stops, mine, other = CallStops(), CancelProbe(check, rate, clock=clock), CancelProbe(check, rate, clock=clock)
+    stops.add("call-a", mine)
+    stops.add("call-b", other)
+    assert mine() is False and other() is False and len(asked) == 2  # each asked once; the next ask is 10 s away
+    assert stops.stop("call-a") is True
+    assert mine() is True and other() is False and len(asked) == 2  # at once, with no round trip
+    stops.discard("call-a")  # its final response went out
+    assert stops.stop("call-a") is False and stops.stop("never-seen") is False and len(stops) == 1
+    stops.discard(None)  # a request that carried no call id
+    assert len(stops) == 1

@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from contract.error_codes import ERROR_CODES
+from contract.stop_call import CALL_PARAMETER, STOP_PARAMETER
 from engine.sampling_params import SamplingParams
 from gateway.domain import GenerationRequest, GrammarSpec, ImageInput
 from gateway.errors import GatewayError, MalformedWorkerResponse
@@ -212,6 +213,7 @@ class _Call:
         self.cancelled = False
         self.half_closed = asyncio.Event()
         self.requests: Any = None
+        self.sent: list[service_pb2.ModelInferRequest] = []  # what the client wrote on the call, in order
         self._responses = self._gen()
 
     def __aiter__(self):
@@ -228,8 +230,8 @@ class _Call:
             await asyncio.Event().wait()
 
     async def _read_requests(self) -> None:
-        async for _ in self.requests:
-            pass
+        async for request in self.requests:
+            self.sent.append(request)
         self.half_closed.set()
 
     def cancel(self) -> None:
@@ -286,12 +288,43 @@ async def test_an_engine_error_ends_its_call_without_cancelling_it():
     assert stub.call.half_closed.is_set() and not stub.call.cancelled
 
 
-async def test_leaving_before_the_final_response_cancels_the_call():
-    client, stub = _client([_stream_response(infer_response=_RUNNING), _stream_response(infer_response=_response())])
+async def test_leaving_before_the_final_response_stops_the_generation_on_its_call():
+    """tritonserver 2.51 may abort when a call is cancelled while the model still sends on it: a generation left
+    early is stopped by a request on the same call that names it, then the call ends as a finished one does."""
+    client, stub = _client([_stream_response(infer_response=_RUNNING), _stream_response(infer_response=_RUNNING)])
     events = client.generate("tm", _req(), "rid")
     assert (await anext(events)).text == "ab"
     await events.aclose()  # the HTTP client went away mid-stream
-    assert stub.call.cancelled
+    generation, stop = stub.call.sent
+    call_id = generation.parameters[CALL_PARAMETER].string_param
+    assert len(call_id) >= 32 and generation.model_name == stop.model_name == "tm"
+    assert stop.parameters[STOP_PARAMETER].string_param == call_id and not stop.inputs
+    assert stub.call.half_closed.is_set() and not stub.call.cancelled
+
+
+async def test_each_generation_has_its_own_call_id():
+    ids = set()
+    for _ in range(3):
+        client, stub = _client([_stream_response(infer_response=_response())])
+        await _collect(client)
+        ids.add(stub.call.sent[0].parameters[CALL_PARAMETER].string_param)
+    assert len(ids) == 3
+
+
+async def test_a_stop_the_model_does_not_act_on_ends_in_a_cancel(monkeypatch):
+    """A model repository older than the stop request leaves the generation running: the call is cancelled."""
+    monkeypatch.setattr(client_mod, "_END_CALL_TIMEOUT_S", 0.05)
+    client, stub = _client([_stream_response(infer_response=_RUNNING)], end="never")
+    events = client.generate("tm", _req(), "rid")
+    await anext(events)
+    await events.aclose()
+    assert len(stub.call.sent) == 2 and stub.call.cancelled
+
+
+async def test_a_probe_that_gets_no_answer_in_time_cancels_its_call():
+    client, stub = _client([], end="never")
+    assert await client.probe("tm", timeout=0.05) is None
+    assert stub.call.cancelled and len(stub.call.sent) == 1
 
 
 async def test_a_call_that_does_not_end_after_its_final_response_is_cancelled(monkeypatch):

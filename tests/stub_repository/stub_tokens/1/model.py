@@ -43,25 +43,42 @@ class TritonPythonModel:
         self.final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self.token_delay_s = float(os.environ.get("SIE_STUB_TOKEN_DELAY_S") or 0)
         self.token = os.environ.get("SIE_STUB_TOKEN_TEXT") or "tok "
+        self.calls: dict[str, threading.Event] = {}  # the gateway's call id -> its stop
 
     def execute(self, requests):
         for request in requests:
+            call_params = json.loads(request.parameters() or "{}")
+            if "sie_stop" in call_params:  # the gateway's stop for a call it left (contract/stop_call.py)
+                stop = self.calls.get(call_params["sie_stop"])
+                if stop is not None:
+                    stop.set()
+                request.get_response_sender().send(flags=self.final)
+                continue
+            stop = threading.Event()
+            if "sie_call" in call_params:
+                self.calls[call_params["sie_call"]] = stop
             raw = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
             params = json.loads(raw.as_numpy().reshape(-1)[0]) if raw is not None else {}
             stream_t = pb_utils.get_input_tensor_by_name(request, "stream")
             stream = bool(stream_t.as_numpy().reshape(-1)[0]) if stream_t is not None else False
-            threading.Thread(target=self._emit, args=(request, int(params.get("max_tokens", 16)), stream),
-                             daemon=True).start()
+            threading.Thread(target=self._emit, args=(request, int(params.get("max_tokens", 16)), stream, stop,
+                                                      call_params.get("sie_call")), daemon=True).start()
         return None
 
-    def _emit(self, request, n: int, stream: bool) -> None:
-        sender = request.get_response_sender()
+    def _emit(self, request, n: int, stream: bool, stop: threading.Event, call: str | None) -> None:
+        try:
+            self._emit_tokens(request, request.get_response_sender(), n, stream, stop)
+        finally:
+            self.calls.pop(call, None)
+
+    def _emit_tokens(self, request, sender, n: int, stream: bool, stop: threading.Event) -> None:
         if not stream:
             sender.send(_response(self.token * n, "length", 3, n, True), flags=self.final)
             return
         for i in range(n):
-            if request.is_cancelled():
-                sender.send(flags=self.final)
+            if stop.is_set() or request.is_cancelled():  # as the engine ends a cancelled request: a final error
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("request cancelled")),
+                            flags=self.final)
                 return
             last = i == n - 1
             if self.token_delay_s:
