@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from gateway.contracts.chat_messages import ChatMessage
 from gateway.contracts.common import (
-    INVALID,
     LOGIT_BIAS_SCHEMA,
     STOP_SCHEMA,
     U32_MAX,
@@ -27,12 +26,11 @@ from gateway.contracts.common import (
     violation,
 )
 from gateway.contracts.images import MAX_IMAGES
-from gateway.contracts.schema_limits import SchemaRejected, check_and_inline
-from gateway.domain import GenerationRequest, GrammarSpec
+from gateway.contracts.tools import MAX_TOOLS, TOOL_CHOICE_SCHEMA, ResponseFormat, Tool, checked_tool_choice
+from gateway.domain import GenerationRequest
 from gateway.errors import quoted
 
 DEFAULT_MAX_TOKENS = 1024
-MAX_TOOLS = 64
 
 _OUT_OF_SCOPE = "is out of scope for this endpoint"
 _DEPRECATED = "is deprecated by OpenAI; use 'tools' / 'tool_choice'"
@@ -58,72 +56,8 @@ MaxTokens = Annotated[int, Field(ge=1, le=U32_MAX)]
 Candidates = Annotated[int, Field(ge=1, le=128)]
 
 
-def _schema(value: dict[str, Any]) -> dict[str, Any]:
-    """Run the JSON-Schema walker inside a field validator (param = that field)."""
-    try:
-        return check_and_inline(value)
-    except SchemaRejected as exc:
-        raise violation(exc.rule, code=exc.code) from None
-
-
-class ToolFunction(ContractModel):
-    # any deviation in a tool definition is invalid_request (docs/contract.md, "Chat completions", `tools`)
-    unknown_key_code = INVALID
-
-    name: NonEmptyStr
-    description: str | None = None
-    parameters: Annotated[dict[str, Any], AfterValidator(_schema)] | None = None
-    # Not in the SIE seed, but OpenAI SDK helpers send it; accepted so those clients work.
-    strict: bool | None = None
-
-
-class Tool(ContractModel):
-    unknown_key_code = INVALID
-
-    type: Literal["function"]
-    function: ToolFunction
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
-
-
 class StreamOptions(ContractModel):
     include_usage: bool | None = None
-
-
-class JsonSchemaFormat(ContractModel):
-    name: str | None = None
-    description: str | None = None
-    schema_: Annotated[dict[str, Any], AfterValidator(_schema)] = Field(alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(ContractModel):
-    type: str
-    json_schema: JsonSchemaFormat | None = None
-
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        if value not in ("text", "json_object", "json_schema"):
-            raise violation("must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED)
-        return value
-
-    @model_validator(mode="after")
-    def _schema_present(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise violation("is required when type is 'json_schema'", "json_schema")
-        return self
-
-    def grammar(self) -> GrammarSpec | None:
-        if self.type == "json_object":
-            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
-                               param="response_format")
-        if self.type == "json_schema" and self.json_schema is not None:
-            spec = self.json_schema
-            return GrammarSpec(kind="json_schema", value=spec.schema_, label=spec.name, strict=bool(spec.strict),
-                               param="response_format")
-        return None
 
 
 class GuardianConfig(ContractModel):
@@ -133,37 +67,6 @@ class GuardianConfig(ContractModel):
 class ChatTemplateKwargs(ContractModel):
     enable_thinking: bool | None = None
     guardian_config: GuardianConfig | None = None
-
-
-def _tool_choice(value: Any) -> Any:
-    if isinstance(value, str) and value in ("auto", "none", "required"):
-        return value
-    if isinstance(value, dict) and set(value) == {"type", "function"} and value["type"] == "function":
-        fn = value["function"]
-        if isinstance(fn, dict) and set(fn) == {"name"} and isinstance(fn["name"], str) and fn["name"]:
-            return {"type": "function", "function": {"name": fn["name"]}}
-    raise violation(
-        "must be 'auto', 'none', 'required' or an object naming a function (type 'function', function.name)"
-    )
-
-
-_TOOL_CHOICE_SCHEMA: dict[str, Any] = {
-    "anyOf": [
-        {"enum": ["auto", "none", "required"]},
-        {
-            "type": "object",
-            "properties": {
-                "type": {"const": "function"},
-                "function": {
-                    "type": "object",
-                    "properties": {"name": {"type": "string", "minLength": 1}},
-                    "required": ["name"],
-                },
-            },
-            "required": ["type", "function"],
-        },
-    ]
-}
 
 
 class ChatCompletionRequest(ContractModel):
@@ -196,7 +99,7 @@ class ChatCompletionRequest(ContractModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
-    tool_choice: Annotated[Any, AfterValidator(_tool_choice), WithJsonSchema(_TOOL_CHOICE_SCHEMA)] = None
+    tool_choice: Annotated[Any, AfterValidator(checked_tool_choice), WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None

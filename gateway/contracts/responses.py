@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
-from gateway.contracts.chat import MAX_TOOLS, MaxTokens, _schema
+from gateway.contracts.chat import MaxTokens
 from gateway.contracts.common import (
     UNSUPPORTED,
     ContractModel,
@@ -24,7 +24,9 @@ from gateway.contracts.common import (
     violation,
 )
 from gateway.contracts.responses_input import INPUT_SCHEMA, ParsedInput, parse_input
-from gateway.domain import GenerationRequest, GrammarSpec
+from gateway.contracts.responses_tools import TOOL_CHOICE_SCHEMA, FunctionTool, TextFormat, checked_tool_choice
+from gateway.contracts.tools import MAX_TOOLS
+from gateway.domain import GenerationRequest
 from gateway.errors import InvalidRequest, UnsupportedField
 from gateway.profile import ModelProfile
 
@@ -39,81 +41,6 @@ REJECTED_KEYS: dict[str, str] = {
 }
 
 
-class FunctionTool(ContractModel):
-    """`{type: "function", name, description?, parameters?, strict?}` (the Responses API's flat shape)."""
-
-    type: Literal["function"]
-    name: NonEmptyStr
-    description: str | None = None
-    parameters: Annotated[dict[str, Any], AfterValidator(_schema)] | None = None
-    strict: bool | None = None
-
-    @field_validator("type", mode="before")
-    @classmethod
-    def _function_only(cls, value: Any) -> Any:
-        if value != "function":
-            raise violation("must be 'function' (the only tool type this server runs)", code=UNSUPPORTED)
-        return value
-
-    def echo(self) -> dict[str, Any]:
-        return {"type": "function", "name": self.name, "description": self.description,
-                "parameters": self.parameters, "strict": self.strict if self.strict is not None else True}
-
-    def chat_shape(self) -> dict[str, Any]:
-        function: dict[str, Any] = {"name": self.name}
-        if self.description is not None:
-            function["description"] = self.description
-        if self.parameters is not None:
-            function["parameters"] = self.parameters
-        if self.strict is not None:
-            function["strict"] = self.strict
-        return {"type": "function", "function": function}
-
-
-class TextFormat(ContractModel):
-    """`text.format`: `text`, `json_object`, or `json_schema` with `name`, `schema` and `strict`."""
-
-    type: str
-    name: str | None = None
-    description: str | None = None
-    schema_: Annotated[dict[str, Any], AfterValidator(_schema)] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        if value not in ("text", "json_object", "json_schema"):
-            raise violation("must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED)
-        return value
-
-    @model_validator(mode="after")
-    def _schema_present(self) -> TextFormat:
-        if self.type == "json_schema":
-            if self.schema_ is None:
-                raise violation("is required when type is 'json_schema'", "schema")
-            if not self.name:
-                raise violation("is required when type is 'json_schema'", "name")
-        elif self.schema_ is not None or self.name is not None or self.strict is not None:
-            raise violation(f"is allowed only with type 'json_schema', not '{self.type}'",
-                            "schema" if self.schema_ is not None else ("name" if self.name is not None else "strict"))
-        return self
-
-    def grammar(self) -> GrammarSpec | None:
-        if self.type == "json_object":
-            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
-                               param="text.format")
-        if self.type == "json_schema" and self.schema_ is not None:
-            return GrammarSpec(kind="json_schema", value=self.schema_, label=self.name, strict=bool(self.strict),
-                               param="text.format")
-        return None
-
-    def echo(self) -> dict[str, Any]:
-        if self.type != "json_schema":
-            return {"type": self.type}
-        return {"type": "json_schema", "name": self.name, "schema": self.schema_, "description": self.description,
-                "strict": bool(self.strict)}
-
-
 class TextConfig(ContractModel):
     format: TextFormat | None = None
 
@@ -121,24 +48,6 @@ class TextConfig(ContractModel):
 class ReasoningConfig(ContractModel):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
-
-
-def _tool_choice(value: Any) -> Any:
-    if isinstance(value, str) and value in ("auto", "none", "required"):
-        return value
-    if isinstance(value, dict) and set(value) == {"type", "name"} and value["type"] == "function" \
-            and isinstance(value["name"], str) and value["name"]:
-        return {"type": "function", "name": value["name"]}
-    raise violation("must be 'auto', 'none', 'required' or {type: 'function', name}")
-
-
-_TOOL_CHOICE_SCHEMA: dict[str, Any] = {
-    "anyOf": [
-        {"enum": ["auto", "none", "required"]},
-        {"type": "object", "properties": {"type": {"const": "function"}, "name": {"type": "string", "minLength": 1}},
-         "required": ["type", "name"]},
-    ]
-}
 
 
 def _metadata(value: Any) -> dict[str, str]:
@@ -173,7 +82,7 @@ class ResponsesRequest(ContractModel):
     top_logprobs: TopLogprobs | None = None
     include: list[str] | None = None
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: Annotated[Any, AfterValidator(_tool_choice), WithJsonSchema(_TOOL_CHOICE_SCHEMA)] = None
+    tool_choice: Annotated[Any, AfterValidator(checked_tool_choice), WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None

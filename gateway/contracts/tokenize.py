@@ -6,9 +6,10 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from gateway.contracts.chat import MAX_TOOLS, ChatTemplateKwargs, Tool
+from gateway.contracts.chat import ChatTemplateKwargs
 from gateway.contracts.chat_messages import ChatMessage
 from gateway.contracts.common import ContractModel, NonEmptyStr, validate_body, violation
+from gateway.contracts.tools import MAX_TOOLS, Tool
 from gateway.domain import TokenizerTask
 
 MAX_DETOKENIZE_IDS = 1_000_000
