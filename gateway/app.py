@@ -14,6 +14,7 @@ from gateway.error_responses import gateway_error, http_error, unexpected_error
 from gateway.errors import GatewayError
 from gateway.middleware import Lifespan, ObserveRequests, RequestContextMiddleware
 from gateway.openapi_doc import build_openapi
+from gateway.prefix_routing import PrefixRouting
 from gateway.registry import ModelRegistry
 from gateway.resources.chat import ChatCompletionsResource
 from gateway.resources.cluster_status import ClusterStatusFeed
@@ -45,7 +46,10 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     # the supervisor watches the registry's models and acts on them; the registry never calls it
     supervisor = supervisor or ModelSupervisor(registry, settings)
     drain = drain or Drain()
-    service = GenerationService(settings, registry, supervisor.model_died, drain)
+    # endpoints whose routing entry lists their KV event publishers: requests go where their prompt's blocks are
+    prefix_routing = PrefixRouting.from_settings(settings)
+    service = GenerationService(settings, registry, supervisor.model_died, drain,
+                                prefix_routing if prefix_routing.feeds else None)
     middleware: list[Any] = [ObserveRequests(), RequestContextMiddleware(settings, auth)]
     app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
@@ -82,8 +86,10 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     async def startup() -> None:
         registry.start()
         supervisor.start()
+        prefix_routing.start()
 
     async def shutdown() -> None:
+        await prefix_routing.stop()
         await supervisor.stop()  # its reloads and probes use the registry's clients, which stop() closes
         await registry.stop()
         if store is not None:

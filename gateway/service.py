@@ -23,6 +23,7 @@ from gateway.errors import (
     quoted,
 )
 from gateway.metrics import UPSTREAM_ERRORS
+from gateway.prefix_routing import PrefixRouting
 from gateway.profile import ModelProfile
 from gateway.registry import ModelRegistry
 from gateway.router import Router, RoutingHints
@@ -38,12 +39,13 @@ ModelDied = Callable[[Endpoint, str, str], None]
 
 class GenerationService:
     def __init__(self, settings: Settings, registry: ModelRegistry, model_died: ModelDied,
-                 drain: Drain | None = None) -> None:
+                 drain: Drain | None = None, prefix_routing: PrefixRouting | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.model_died = model_died  # the supervisor's, given by the app's wiring
         self.drain = drain or Drain()
         self.router = Router(registry)
+        self.prefix_routing = prefix_routing  # None: no endpoint publishes its KV events to us
 
     async def resolve(self, req: GenerationRequest, *, forbid_remote: bool = False
                       ) -> tuple[GenerationRequest, ModelProfile, str | None]:
@@ -98,7 +100,7 @@ class GenerationService:
         timeouts = Timeouts.for_request(self.settings, req.options)
         deadline = started + timeouts.overall_s
         last_error: GatewayError | None = None
-        for endpoint in self.router.candidates(profile, hints):
+        for endpoint in await self._candidates(req, profile, hints, request_id):
             stream = endpoint.client.generate(profile.triton_model, _scoped(req, hints, endpoint, profile), request_id)
             # every way out of this block gives the endpoint's count back and closes the stream, except the session
             async with InFlight(endpoint, stream) as claim:
@@ -148,6 +150,16 @@ class GenerationService:
                 )
         assert last_error is not None
         raise last_error
+
+
+    async def _candidates(self, req: GenerationRequest, profile: ModelProfile, hints: RoutingHints,
+                          request_id: str) -> list[Endpoint]:
+        """The router's order; where engines publish their KV events, the one holding the prompt's blocks first."""
+        candidates = self.router.candidates(profile, hints)
+        if self.prefix_routing is None or hints.affinity_key:
+            return candidates
+        salt = hints.cache_salt if profile.cache_salt_input else None
+        return await self.prefix_routing.order(candidates, req, profile, salt, request_id)
 
 
 def _on_the_wire(req: GenerationRequest) -> GenerationRequest:

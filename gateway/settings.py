@@ -22,6 +22,9 @@ class EndpointConfig:
     url: str
     remote: bool = False
     name: str = ""
+    # the KV event publishers of this endpoint's models, (events, replay or None): which blocks it holds, for
+    # routing (gateway/kv_blocks.py)
+    kv_events: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class Settings:
 def _pools_from(env: dict[str, str]) -> tuple[PoolConfig, ...]:
     """`SIE_GATEWAY_CONFIG` (YAML with `pools:`) wins; else one local Triton at TRITON_GRPC_URL.
 
-    A pool lists `endpoints: [{url, remote, name}]`, or names `dns: host:port` (with `dns_refresh_s`,
+    A pool lists `endpoints: [{url, remote, name, kv_events}]`, or names `dns: host:port` (with `dns_refresh_s`,
     `dns_remote`) whose addresses are its endpoints (gateway/discovery.py), or both."""
     path = env.get("SIE_GATEWAY_CONFIG")
     if path:
@@ -124,7 +127,8 @@ def _pools_from(env: dict[str, str]) -> tuple[PoolConfig, ...]:
         pools = []
         for name, spec in (data.get("pools") or {}).items():
             endpoints = tuple(
-                EndpointConfig(url=e["url"], remote=bool(e.get("remote", False)), name=e.get("name", e["url"]))
+                EndpointConfig(url=e["url"], remote=bool(e.get("remote", False)), name=e.get("name", e["url"]),
+                               kv_events=_kv_event_sources(e.get("kv_events")))
                 for e in spec.get("endpoints", [])
             )
             dns = spec.get("dns")
@@ -138,6 +142,20 @@ def _pools_from(env: dict[str, str]) -> tuple[PoolConfig, ...]:
             return tuple(pools)
     url = env.get("TRITON_GRPC_URL") or f"localhost:{env.get('TRITON_GRPC_PORT', '8001')}"
     return (PoolConfig("default", "default", (EndpointConfig(url=url, name="local"),)),)
+
+
+def _kv_event_sources(value: Any) -> tuple[tuple[str, str | None], ...]:
+    """An endpoint's `kv_events`: one publisher per model it serves, each `tcp://host:port` or
+    `{events: tcp://host:port, replay: tcp://host:port}` (the profile's kv_events_endpoint and
+    kv_events_replay_endpoint)."""
+    items = value if isinstance(value, list) else [] if value is None else [value]
+    sources = []
+    for item in items:
+        if isinstance(item, dict):
+            sources.append((str(item["events"]), str(item["replay"]) if item.get("replay") else None))
+        else:
+            sources.append((str(item), None))
+    return tuple(sources)
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -20,16 +20,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      "back, with no I/O of their own",
      ("gateway.contracts", "gateway.render", "gateway.body", "gateway.msgpack_body", "gateway.stream_buffer",
       "gateway.streaming", "gateway.openapi_doc")),
-    ("the process's outside: the Triton client, DNS discovery, API keys, the shutdown drain and the LoRA control "
-     "calls, each one way of talking to something beyond the gateway",
-     ("gateway.triton", "gateway.discovery", "gateway.auth", "gateway.drain", "gateway.disconnect",
-      "gateway.lora_adapters")),
+    ("the process's outside: the Triton client, DNS discovery, the engines' KV events, API keys, the shutdown drain "
+     "and the LoRA control calls, each one way of talking to something beyond the gateway",
+     ("gateway.triton", "gateway.discovery", "gateway.kv_blocks", "gateway.auth", "gateway.drain",
+      "gateway.disconnect", "gateway.lora_adapters")),
     ("the model registry: the endpoints, what each serves and each one's in-flight count; it knows Triton clients, "
      "not who acts on what it knows",
      ("gateway.endpoint", "gateway.registry")),
-    ("acting on the registry: the router picks an endpoint for a request, the supervisor withdraws and reloads a dead "
-     "model through a narrow view of the registry",
-     ("gateway.router", "gateway.supervisor")),
+    ("acting on the registry: the router picks an endpoint for a request (and prefers where its prompt's blocks are), "
+     "the supervisor withdraws and reloads a dead model through a narrow view of the registry",
+     ("gateway.router", "gateway.prefix_routing", "gateway.supervisor")),
     ("one generation: route and open a stream, run it under its timeouts and the drain, fan out n>1 choices",
      ("gateway.session", "gateway.service", "gateway.fanout")),
     ("HTTP: resources per route, per-request middleware, the error envelope and the served ASGI entry",
