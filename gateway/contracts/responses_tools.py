@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gateway.contracts.common import UNSUPPORTED, ContractModel, NonEmptyStr, violation
-from gateway.contracts.tools import checked_schema
+from gateway.contracts.tools import FormatType, checked_schema
 from gateway.domain import GrammarSpec
 
 
@@ -46,18 +46,11 @@ class FunctionTool(ContractModel):
 class TextFormat(ContractModel):
     """`text.format`: `text`, `json_object`, or `json_schema` with `name`, `schema` and `strict`."""
 
-    type: str
+    type: FormatType
     name: str | None = None
     description: str | None = None
     schema_: Annotated[dict[str, Any], AfterValidator(checked_schema)] | None = Field(default=None, alias="schema")
     strict: bool | None = None
-
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        if value not in ("text", "json_object", "json_schema"):
-            raise violation("must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED)
-        return value
 
     @model_validator(mode="after")
     def _schema_present(self) -> TextFormat:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gateway.contracts.common import INVALID, UNSUPPORTED, ContractModel, NonEmptyStr, violation
 from gateway.contracts.schema_limits import SchemaRejected, check_and_inline
@@ -51,16 +51,19 @@ class JsonSchemaFormat(ContractModel):
     strict: bool | None = None
 
 
-class ResponseFormat(ContractModel):
-    type: str
-    json_schema: JsonSchemaFormat | None = None
+def checked_format_type(value: str) -> str:
+    """An output format's `type`, in chat's `response_format` and the Responses API's `text.format` alike."""
+    if value not in ("text", "json_object", "json_schema"):
+        raise violation("must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED)
+    return value
 
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        if value not in ("text", "json_object", "json_schema"):
-            raise violation("must be 'text', 'json_object' or 'json_schema'", code=UNSUPPORTED)
-        return value
+
+FormatType = Annotated[str, AfterValidator(checked_format_type)]
+
+
+class ResponseFormat(ContractModel):
+    type: FormatType
+    json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
     def _schema_present(self) -> ResponseFormat:
