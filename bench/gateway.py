@@ -52,8 +52,9 @@ async def _direct_once(stub, req: GenerationRequest, model: str) -> int:
                          response.infer_response.raw_output_contents, strict=False)).get("is_final")
         if final == b"\x01" or response.error_message:
             break
-    done.set()
-    call.cancel()
+    done.set()  # half-close, then read the call to its end, as the gateway does (gateway/triton/client.py)
+    async for _ in call:
+        pass
     return chunks
 
 
