@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gateway.contracts.common import UNSUPPORTED, ContractModel, NonEmptyStr, violation
-from gateway.contracts.tools import FormatType, checked_schema
+from gateway.contracts.tools import FormatType, checked_schema, format_grammar
 from gateway.domain import GrammarSpec
 
 
@@ -65,13 +65,7 @@ class TextFormat(ContractModel):
         return self
 
     def grammar(self) -> GrammarSpec | None:
-        if self.type == "json_object":
-            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
-                               param="text.format")
-        if self.type == "json_schema" and self.schema_ is not None:
-            return GrammarSpec(kind="json_schema", value=self.schema_, label=self.name, strict=bool(self.strict),
-                               param="text.format")
-        return None
+        return format_grammar(self.type, self.schema_, self.name, self.strict, "text.format")
 
     def echo(self) -> dict[str, Any]:
         if self.type != "json_schema":

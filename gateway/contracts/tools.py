@@ -61,6 +61,16 @@ def checked_format_type(value: str) -> str:
 FormatType = Annotated[str, AfterValidator(checked_format_type)]
 
 
+def format_grammar(kind: str, schema: dict[str, Any] | None, name: str | None, strict: bool | None,
+                   param: str) -> GrammarSpec | None:
+    """The grammar an output format asks for (None for plain text); `param` names the field in errors."""
+    if kind == "json_object":
+        return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object", param=param)
+    if kind == "json_schema" and schema is not None:
+        return GrammarSpec(kind="json_schema", value=schema, label=name, strict=bool(strict), param=param)
+    return None
+
+
 class ResponseFormat(ContractModel):
     type: FormatType
     json_schema: JsonSchemaFormat | None = None
@@ -72,14 +82,9 @@ class ResponseFormat(ContractModel):
         return self
 
     def grammar(self) -> GrammarSpec | None:
-        if self.type == "json_object":
-            return GrammarSpec(kind="json_object", value={"type": "object"}, label="json_object",
-                               param="response_format")
-        if self.type == "json_schema" and self.json_schema is not None:
-            spec = self.json_schema
-            return GrammarSpec(kind="json_schema", value=spec.schema_, label=spec.name, strict=bool(spec.strict),
-                               param="response_format")
-        return None
+        spec = self.json_schema
+        return format_grammar(self.type, spec.schema_ if spec else None, spec.name if spec else None,
+                              spec.strict if spec else None, "response_format")
 
 
 def checked_tool_choice(value: Any) -> Any:
