@@ -113,9 +113,10 @@ class KvFeed:
             self._replayed_through = seq
         elif seq <= self._replayed_through:
             return
-        elif seq <= self.last_seq:
-            self.indexes.clear()
-        self._replayed_through = self._replayed_through if replayed else -1
+        else:
+            if seq <= self.last_seq:
+                self.indexes.clear()
+            self._replayed_through = -1
         self.last_seq = seq
         model = topic.decode(errors="replace").split("@", 2)[-1]
         index = self.indexes.setdefault(model, BlockIndex())

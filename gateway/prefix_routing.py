@@ -85,9 +85,9 @@ class PrefixRouting:
     async def order(self, endpoints: list[Endpoint], req: GenerationRequest, profile: ModelProfile,
                     cache_salt: str | None, request_id: str) -> list[Endpoint]:
         """`endpoints` (best first, by load or affinity), reordered by the blocks each holds where that helps."""
-        signalled = [e for e in endpoints if self.feeds.get(e.config.url)]
-        if len(signalled) < 2 or req.images or out_of_balance([e.outstanding for e in endpoints]) \
-                or not self.block_size(profile.name):
+        signalled = sum(1 for e in endpoints if self.feeds.get(e.config.url))
+        block_size = self.block_size(profile.name)
+        if signalled < 2 or not block_size or req.images or out_of_balance([e.outstanding for e in endpoints]):
             return endpoints
         token_ids: Sequence[int] | None = req.prompt_token_ids
         if token_ids is None:
@@ -101,6 +101,6 @@ class PrefixRouting:
         root = request_root(req.lora_adapter, cache_salt)
         held = {id(e): self.held_blocks(e, profile.name, root, token_ids) for e in endpoints}
         best = max(endpoints, key=lambda e: held[id(e)])
-        if held[id(best)] * self.block_size(profile.name) < MIN_MATCH * len(token_ids):
+        if held[id(best)] * block_size < MIN_MATCH * len(token_ids):
             return endpoints
         return [best] + [e for e in endpoints if e is not best]
