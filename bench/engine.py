@@ -274,6 +274,7 @@ def profile_decode_step(bench: Bench, batch: int, steps: int = 20) -> dict:
     eng = bench.engine
     eng.stop()  # the loop must not touch the cache while we drive the forward directly
     fwd, sampler = eng.runner, eng.sampler
+    fwd.cache.give_slots_blocks(batch, fwd.cache.max_len)  # the scheduler's tables are not in use now
     for slot in range(batch):
         fwd.prefill(slot, bench.prompts[slot % len(bench.prompts)], 0)
     positions = [len(bench.prompts[s % len(bench.prompts)]) for s in range(batch)]

@@ -278,6 +278,8 @@ class Bench:
         fwd = self.engine.runner  # graphs toggled on the one runner: a second one would need a second KV cache
         graphs = getattr(fwd, "graphs", None)
         res: dict = {}
+        rows = self.args.concurrency  # each row its own blocks: the scheduler's tables are not in use now
+        fwd.cache.give_slots_blocks(rows, max(len(self.prompts[i]) for i in range(rows)) + 1)
         for b in sorted({1, self.args.concurrency}):
             tokens, positions = [28] * b, [len(self.prompts[i]) for i in range(b)]
             fwd.graphs = None

@@ -140,7 +140,9 @@ class LLMEngine:
         paths = config.lora_paths or {}
         adapters = load_adapters(model, paths, decoder.dtype) if isinstance(decoder, Decoder) \
             else decoder.load_adapters(paths)
-        self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs)
+        # the KV pool holds the profile's KV memory in blocks (every slot's whole context when it names none)
+        kv_blocks = config.kv_budget_tokens // BLOCK_TOKENS + 1 if config.kv_budget_tokens else None
+        self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs, kv_blocks=kv_blocks)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.kv_events: ZmqPublisher | None = None
         if config.kv_events_endpoint:

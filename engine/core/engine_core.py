@@ -82,6 +82,7 @@ class EngineCore:
                 else:
                     embeds = None
             try:
+                sched.slots.grow(seq, end)
                 self.runner.prefill_part(seq.slot, job.tokens[job.prefilled : end], job.prefilled,
                                          adapter=seq.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # as a prefill: the request fails, the engine goes on
@@ -112,6 +113,7 @@ class EngineCore:
                 embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
             last = group.prefilled + len(chunk) == len(prompt)
             try:
+                sched.slots.grow(parent, group.prefilled + len(chunk))
                 fill = self.runner.prefill if last else self.runner.prefill_part  # only the last chunk samples
                 logits = fill(parent.slot, chunk, group.prefilled, adapter=group.params.lora_adapter, embeds=embeds)
             except Exception as exc:  # a forward failure on one prompt must not take the engine down
@@ -133,8 +135,10 @@ class EngineCore:
         sched = self.scheduler
         slot = len(sched.slots.decoding)
         for group in groups:
-            sched.new_parent(group).slot = slot
+            parent = sched.new_parent(group)
+            sched.slots.seat(parent, slot)
             sched.load_cached_prefix(group)  # a cached prefix: only the rest of the prompt runs
+            sched.slots.grow(parent, len(group.request.prompt_ids))
             slot += group.params.width  # its n/best_of children take the slots right after it
         try:
             logits = self.runner.prefill_batch(
@@ -172,9 +176,13 @@ class EngineCore:
         slot = len(self.scheduler.slots.decoding)
         survivors: list[tuple[SequenceGroup, torch.Tensor]] = []
         for group in groups:
-            prompt = group.request.prompt_ids
-            group.sequences[0].slot = slot
-            group.cached_tokens = 0  # the whole prompt runs again, in what may be another slot
+            prompt, parent = group.request.prompt_ids, group.sequences[0]
+            # the whole prompt runs again, in what may be another slot, into blocks of its own (a cached prefix's
+            # blocks are shared: nothing may write them again)
+            self.scheduler.slots.free(parent)
+            self.scheduler.slots.seat(parent, slot)
+            self.scheduler.slots.grow(parent, len(prompt))
+            group.cached_tokens = 0
             try:
                 logits = self.runner.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
             except Exception as exc:
@@ -230,7 +238,7 @@ class EngineCore:
         ok = [ok[i] for i in keep]
         for seq in ok:
             seq.kv_len += 1
-        self.scheduler.fail(failures)  # after the K/V of the good rows is counted, so compaction moves all of it
+        self.scheduler.fail(failures)  # after the good rows' K/V is counted: their lengths are right when rows move
         if ok:
             self._sample_and_advance(torch.stack([row_logits[i] for i in keep]), ok)
 

@@ -60,7 +60,7 @@ class Scheduler:
         self._admissions = itertools.count()  # admission order: the newest running candidate is preempted first
         self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
         # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
-        self.prefix_cache = PrefixCache(runner.cache, prefix_cache_tokens, BLOCK_TOKENS) \
+        self.prefix_cache = PrefixCache(self.slots.pool, prefix_cache_tokens, BLOCK_TOKENS) \
             if prefix_cache_tokens > 0 else None
         # KV events (engine.core.kv_events): the prefix cache records its stored and evicted blocks, sent each step
         self.publish_kv_events = publish_kv_events if self.prefix_cache is not None else None
@@ -121,7 +121,7 @@ class Scheduler:
                 f"memory of {self.kv_budget} token positions",
                 params.max_tokens_param,
             )
-        if self.slots.claim(group) + params.width > budget:
+        if blocks(len(group.request.prompt_ids) + 1) + 2 * params.width - 1 > budget:
             raise EngineError(
                 "invalid_request",
                 f"n/best_of ({params.width}) copies of a {len(group.request.prompt_ids)}-token prompt exceed this "
@@ -129,13 +129,22 @@ class Scheduler:
                 "best_of" if params.best_of else "n",
             )
 
-    def _admissible(self, slots_in_use: int, used: int, after: int = 0) -> SequenceGroup | None:
+    def _claim(self, group: SequenceGroup) -> int:
+        """Blocks a new request takes to be prefilled and placed: its prompt and the position of its first token,
+        less the cached blocks a running sequence already holds (shared, they take no room), and a copy of a partly
+        filled last block for each candidate after the first."""
+        prompt = group.request.prompt_ids
+        need = blocks(len(prompt) + 1) + group.params.width - 1
+        refs = self.slots.pool.refs
+        return need - sum(1 for b in self._cached_blocks(group) if refs[b])
+
+    def _admissible(self, slots_in_use: int, available: int, after: int = 0) -> SequenceGroup | None:
         """The first waiting request (from index `after`) that fits now. Not strict FIFO: one that must wait for
         room does not hold back a later one that fits, but each may be passed over at most BYPASS_LIMIT times,
         so a large request is not starved by a stream of small ones."""
         for index in range(after, len(self.waiting)):
             group = self.waiting[index]
-            if self.slots.fits(self.slots.claim(group), group.params.width, slots_in_use, used):
+            if self.slots.fits(self._claim(group), group.params.width, slots_in_use, available):
                 return group
             if group.bypassed >= BYPASS_LIMIT:
                 return None  # its turn: nothing goes past it until it fits
@@ -195,8 +204,6 @@ class Scheduler:
         if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
             self.publish_kv_events(self.prefix_cache.events)
             self.prefix_cache.events = []
-        if not self.has_work():
-            self.slots.release_all()
 
     def reap_cancelled(self) -> None:
         for group in self.groups_in_flight():
@@ -212,6 +219,8 @@ class Scheduler:
         self.preempted = [s for s in self.preempted if s.group is not group]
         for seq in [s for s in self.slots.decoding if s.group is group]:
             self.retire(seq)
+        for seq in group.sequences:  # a batched prefill's parent holds blocks outside any row
+            self.slots.free(seq)
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
@@ -238,15 +247,15 @@ class Scheduler:
         batch: list[SequenceGroup] = []
         if self._preempted_turn():
             return batch
-        slots, used = len(self.slots.decoding), self.slots.used_blocks()
-        while group := self._admissible(slots, used, self.waiting.index(batch[-1]) + 1 if batch else 0):
+        slots, available = len(self.slots.decoding), self.slots.available()
+        while group := self._admissible(slots, available, self.waiting.index(batch[-1]) + 1 if batch else 0):
             size = len(group.request.prompt_ids) - self._cached_tokens(group)
             if size > budget or group.request.prompt_embeds is not None:
                 break
             batch.append(group)
             budget -= size
             slots += group.params.width
-            used += self.slots.claim(group)
+            available -= self._claim(group)
         for group in batch:
             self._take(group)
             self._admit(group)
@@ -264,17 +273,16 @@ class Scheduler:
         if self.slots.prefilling is None:
             if self._preempted_turn():
                 return None
-            group = self._admissible(len(self.slots.decoding), self.slots.used_blocks())
+            group = self._admissible(len(self.slots.decoding), self.slots.available())
             if group is None:
                 return None  # wait for slots / KV budget to free up
             self._take(group)
             self._admit(group)
             self.slots.prefilling = group
-            self.new_parent(group).slot = len(self.slots.decoding)
+            self.slots.seat(self.new_parent(group), len(self.slots.decoding))
             self.load_cached_prefix(group)
         if isinstance(self.slots.prefilling, Recompute):
             return None
-        self.slots.prefilling.sequences[0].slot = len(self.slots.decoding)
         return self.slots.prefilling
 
     # -- prefix cache --------------------------------------------------------------------------
@@ -291,36 +299,39 @@ class Scheduler:
             group.cache_salt = (group.params.lora_adapter, digest, group.request.cache_salt)
         return group.cache_salt
 
+    def _cached_blocks(self, group: SequenceGroup, touch: bool = False) -> list[int]:
+        """The pool blocks of the prompt's cached prefix (`touch=False`: a peek, nothing counted or moved)."""
+        if self.prefix_cache is None:
+            return []
+        if group.prefix_chain is None:
+            group.prefix_chain = self.prefix_cache.prompt_chain(group.request.prompt_ids, self._cache_salt(group))
+        return self.prefix_cache.lookup(group.request.prompt_ids, None, touch, chain=group.prefix_chain)
+
     def _cached_tokens(self, group: SequenceGroup) -> int:
         """How much of the prompt the prefix cache holds now (a peek: nothing counted or moved)."""
-        if self.prefix_cache is None:
-            return 0
-        rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group), touch=False)
-        return len(rows) * self.prefix_cache.block_tokens
+        return len(self._cached_blocks(group)) * BLOCK_TOKENS
 
     def load_cached_prefix(self, group: SequenceGroup) -> None:
-        """Copy the cached prefix of the prompt into its parent's slot (already chosen); only the rest is
+        """The parent (already seated) starts with the prompt's cached blocks, held, not copied; only the rest is
         prefilled."""
         if self.prefix_cache is None:
             return
         parent = group.sequences[0]
-        rows = self.prefix_cache.lookup(group.request.prompt_ids, self._cache_salt(group))
-        group.prefilled = parent.kv_len = group.cached_tokens = self.prefix_cache.load(rows, parent.slot)
+        held = self._cached_blocks(group, touch=True)
+        self.slots.share(parent, held)
+        group.prefilled = parent.kv_len = group.cached_tokens = len(held) * BLOCK_TOKENS
         self.stats.prefix_hits += group.cached_tokens
 
     def cache_prompt(self, group: SequenceGroup) -> None:
         if self.prefix_cache is not None:
             parent = group.sequences[0]
-            self.prefix_cache.store(group.request.prompt_ids, self._cache_salt(group), parent.slot, parent.kv_len)
+            self.prefix_cache.store(group.request.prompt_ids, self._cache_salt(group), parent.blocks, parent.kv_len)
 
     def cache_finished(self, seq: Sequence) -> None:
-        """A finished candidate's prompt + output K/V (a chat's next turn starts with both). Its row is retired
-        right after, so the blocks it gives back are the prefix cache's to fill, as a paged cache's finished blocks
-        stay cached."""
+        """Key a finished candidate's prompt + output blocks (a chat's next turn starts with both). Its row is
+        retired right after: the blocks stay cached, idle, until the pool needs the room."""
         if self.prefix_cache is not None and seq.finish_reason in ("stop", "length"):
-            self.prefix_cache.allowance = min(self.prefix_cache.capacity,
-                                              self.prefix_cache.allowance + blocks(seq.kv_len + 1))
-            self.prefix_cache.store(seq.prompt_ids + seq.output_ids, self._cache_salt(seq.group), seq.slot,
+            self.prefix_cache.store(seq.prompt_ids + seq.output_ids, self._cache_salt(seq.group), seq.blocks,
                                     seq.kv_len)
 
     def place(self, group: SequenceGroup) -> list[Sequence]:
@@ -341,10 +352,10 @@ class Scheduler:
     # -- preemption ----------------------------------------------------------------------------
 
     def make_room(self) -> None:
-        """Every decoding row writes one more position this step. While the blocks that takes pass the budget, the
-        newest running candidate (or the prefill in progress, when it is newer) gives its blocks back and waits at
-        the front to be recomputed."""
-        while self.slots.used_blocks() > self.slots.budget_blocks:
+        """Every decoding row writes one more position this step. While the blocks that takes are more than are
+        left, the newest running candidate (or the prefill in progress, when it is newer) gives its blocks back and
+        waits at the front to be recomputed. Then each row's next position gets its block."""
+        while self.slots.decode_need() > self.slots.available():
             newest = max(self.slots.decoding, key=self._age, default=None)
             job = self.slots.prefilling
             if job is not None and (newest is None or self._job_age(job) > self._age(newest)):
@@ -354,16 +365,7 @@ class Scheduler:
             else:
                 break
             self.stats.preemptions += 1
-        self._yield_prefix()
-
-    def _yield_prefix(self) -> None:
-        """The prefix cache lives in the same KV memory and holds only what the running rows leave; freed rows keep
-        their pages resident only within what it does not hold (engine.model.kv_cache), so resident memory stays
-        within the budget."""
-        if self.prefix_cache is None:
-            return
-        self.prefix_cache.shrink(self.slots.budget_blocks - self.slots.used_blocks())
-        self.slots.cache.resident_budget = (self.slots.budget_blocks - len(self.prefix_cache.blocks)) * BLOCK_TOKENS
+        self.slots.grow_decoding()
 
     def _heartbeat_preempted(self) -> None:
         """An empty output for each streamed request whose candidates all wait (preempted or being recomputed)
@@ -408,19 +410,22 @@ class Scheduler:
         blocks fit now (in slot B, from its cached prefix if the prefix cache holds one)."""
         job = self.slots.prefilling
         if isinstance(job, Recompute):
-            job.seq.slot = len(self.slots.decoding)  # slot B: a retiring row may have moved it down
-            return job
+            return job  # at slot B (a retiring row moves it down: SlotTable.retire)
         if job is not None or not self.preempted:
             return None
         seq = min(self.preempted, key=self._age)
-        need = blocks(len(seq.prompt_ids) + len(seq.output_ids))  # its tokens but the last, and the next position
-        if not self.slots.fits(need, 1, len(self.slots.decoding), self.slots.used_blocks()):
+        tokens = seq.prompt_ids + seq.output_ids[:-1]
+        need = blocks(len(tokens) + 1)  # its tokens but the last, and the position the last is written at
+        cached: list[int] = []
+        if self.prefix_cache is not None:
+            cached = self.prefix_cache.lookup(tokens, self._cache_salt(seq.group), touch=False)
+            need -= sum(1 for b in cached if self.slots.pool.refs[b])
+        if not self.slots.fits(need, 1, len(self.slots.decoding), self.slots.available()):
             return None
         self.preempted.remove(seq)
         job = Recompute(seq)
-        seq.slot = len(self.slots.decoding)
         self.slots.prefilling = job
-        if self.prefix_cache is not None:
-            rows = self.prefix_cache.lookup(job.tokens, self._cache_salt(seq.group), touch=False)
-            job.prefilled = seq.kv_len = self.prefix_cache.load(rows, seq.slot)
+        self.slots.seat(seq, len(self.slots.decoding))
+        self.slots.share(seq, cached)
+        job.prefilled = seq.kv_len = len(cached) * BLOCK_TOKENS
         return job

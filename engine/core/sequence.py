@@ -26,7 +26,7 @@ def candidate_generator(seed: int | None, index: int) -> torch.Generator:
 
 
 class Sequence:
-    """One candidate completion; occupies one KV slot while running."""
+    """One candidate completion; occupies one batch row (slot) while running."""
 
     def __init__(self, group: SequenceGroup, index: int, generator: torch.Generator, tokenizer) -> None:
         self.group = group
@@ -39,6 +39,7 @@ class Sequence:
         self.detok = IncrementalDetokenizer(tokenizer, self.params.stop, self.prompt_ids[-DETOK_CONTEXT:])
         self.slot = -1
         self.kv_len = 0  # positions whose K/V are in the cache
+        self.blocks: list[int] = []  # its block table: the KV pool blocks of its positions, in order
         self.last_token_at: float | None = None  # when its latest token was sampled (inter-token latency)
         self.bypassed = 0  # new requests admitted while it waited preempted (Scheduler._preempted_turn)
         self.cum_logprob = 0.0
@@ -88,6 +89,7 @@ class SequenceGroup:
         self.sent_final = False
         self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once
+        self.prefix_chain: list | None = None  # its prompt's prefix-cache keys, made once (Scheduler._cached_blocks)
         self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admission = -1  # the scheduler's admission order (the newest running candidates are preempted first)
         self.last_output_at: float | None = None  # when it last sent an output (liveness of preempted streams)

@@ -1,22 +1,22 @@
-"""The KV slot table: which sequence holds which KV cache row, and how many KV blocks running sequences use.
+"""The slot table: which sequence runs in which batch row, and the KV blocks each one holds.
 
 Invariant: decoding sequences occupy slots 0..B-1 in `decoding` order, and whatever is being prefilled (a new
 request's first candidate, or a preempted candidate being recomputed) holds slot B. A retiring sequence's slot is
-filled by the last row (and the prefilling one moves down after it), so the decode step always reads plain views
-of the cache: rows 0..B-1.
+taken by the last row (and the prefilling one moves down after it), so a decode step reads rows 0..B-1. Moving a
+sequence moves its block table (one row of the cache's tables), never its K/V.
 
-KV memory is counted in blocks of `BLOCK_TOKENS` positions, as they are used: a decoding sequence holds the blocks
-of the positions it has written plus the one its next token writes, and a request being prefilled claims its
-prompt's blocks for each of its candidates. Nothing is reserved for tokens not yet generated; when a step's rows
-would pass the budget, the scheduler preempts the newest (engine.core.scheduler). On the host the cache's pages
-are committed only where positions are written (engine.model.kv_cache), so resident KV memory follows the same
-count.
+KV memory is the pool's blocks (engine.core.block_pool), taken as positions are about to be written: a prefill
+chunk takes the blocks its tokens fill, and a decode step takes a block for each row whose next position starts
+one. Nothing is reserved for tokens not yet generated. An n/best_of fork holds its parent's full blocks again
+and copies only a partly filled last one; a prefix-cache hit holds the cached blocks. When a step's rows would need
+more blocks than are left, the scheduler preempts the newest (engine.core.scheduler).
 """
 
 from __future__ import annotations
 
+from engine.core.block_pool import BlockPool
 from engine.core.sequence import Sequence, SequenceGroup
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import NULL_BLOCK, KVCache
 
 BLOCK_TOKENS = 16  # a 4 KiB page of one head's fp32 K (head_dim 64) holds 16 positions
 
@@ -47,11 +47,14 @@ def owner(job: Prefilling) -> SequenceGroup:
 
 class SlotTable:
     def __init__(self, cache: KVCache, kv_budget_tokens: int | None = None) -> None:
+        if cache.block_size != BLOCK_TOKENS:
+            raise ValueError(f"the KV cache's blocks hold {cache.block_size} positions; the scheduler's {BLOCK_TOKENS}")
         self.cache = cache
         self.max_slots = cache.slots
         self.max_len = cache.max_len
         self.kv_budget = kv_budget_tokens or self.max_slots * self.max_len
-        cache.resident_budget = self.kv_budget  # freed slots keep their pages, zeroed, up to what admission allows
+        cache.clear_tables()
+        self.pool = BlockPool(min(cache.num_blocks - 1, self.kv_budget // BLOCK_TOKENS))
         self.decoding: list[Sequence] = []
         self.prefilling: Prefilling | None = None
 
@@ -59,38 +62,96 @@ class SlotTable:
 
     @property
     def budget_blocks(self) -> int:
-        return self.kv_budget // BLOCK_TOKENS
-
-    @staticmethod
-    def claim(group: SequenceGroup) -> int:
-        """Blocks a new request needs to be prefilled and placed: its prompt and first token, per candidate."""
-        return group.params.width * blocks(len(group.request.prompt_ids) + 1)
+        return self.pool.total
 
     def used_blocks(self) -> int:
-        """Blocks held now, each decoding row's next position included, plus what the prefill in progress claims."""
-        used = sum(blocks(seq.kv_len + 1) for seq in self.decoding)
-        job = self.prefilling
-        if isinstance(job, Recompute):
-            used += blocks(len(job.tokens) + 1)
-        elif job is not None:
-            used += self.claim(job)
-        return used
+        """Blocks the running sequences hold (shared ones once)."""
+        return self.pool.used
 
-    def fits(self, need: int, width: int, slots_in_use: int, used: int) -> bool:
+    def pending(self) -> int:
+        """Blocks the prefill in progress will still take: the rest of its prompt (and the position its first
+        decode step writes), and a copy of the partly filled last block for each of its n/best_of children."""
+        job = self.prefilling
+        if job is None:
+            return 0
+        if isinstance(job, Recompute):
+            total = blocks(len(job.tokens) + 1)
+        else:
+            total = blocks(len(job.request.prompt_ids) + 1) + job.params.width - 1
+        held = len(job.sequences[0].blocks) if job.sequences else 0
+        return max(0, total - held)
+
+    def available(self) -> int:
+        """Blocks free for new work: what the pool has left (free and idle cached blocks), less what the prefill
+        in progress will still take."""
+        return self.pool.available - self.pending()
+
+    def decode_need(self) -> int:
+        """Blocks the next decode step takes: one for each row whose next position starts a block."""
+        return sum(1 for seq in self.decoding if len(seq.blocks) * BLOCK_TOKENS <= seq.kv_len)
+
+    def fits(self, need: int, width: int, slots_in_use: int, available: int) -> bool:
         """Room for `width` more rows needing `need` blocks, keeping one block of growth for every row (so a
         request just admitted is not preempted by the next decode step)."""
         rows = slots_in_use + width
-        return rows <= self.max_slots and used + need + rows <= self.budget_blocks
+        return rows <= self.max_slots and need + rows <= available
+
+    def grow(self, seq: Sequence, end: int) -> None:
+        """Blocks for `seq`'s positions up to `end` (about to be written), entered in its slot's table."""
+        table = self.cache.rows[seq.slot]
+        while len(seq.blocks) * BLOCK_TOKENS < end:
+            block = self.pool.take()
+            table[len(seq.blocks)] = block
+            seq.blocks.append(block)
+
+    def grow_decoding(self) -> None:
+        """Each decode row's next position has its block (the step's `decode_need`, which the scheduler made room
+        for)."""
+        for seq in self.decoding:
+            self.grow(seq, seq.kv_len + 1)
+
+    def share(self, seq: Sequence, held: list[int]) -> None:
+        """`seq` starts with these blocks (a cached prefix), holding each once more."""
+        for block in held:
+            self.pool.hold(block)
+        seq.blocks = list(held)
+        self._write_table(seq)
+
+    def free(self, seq: Sequence) -> None:
+        """Give back every block `seq` holds, its last first: of the cached ones among them, the tail of a chain
+        becomes the least recently used and is evicted before its root (as vLLM frees them), so what stays cached
+        is a prefix other prompts can still start with."""
+        for block in reversed(seq.blocks):
+            self.pool.release(block)
+        seq.blocks = []
 
     # -- rows ----------------------------------------------------------------------------------
 
+    def seat(self, seq: Sequence, slot: int) -> None:
+        """`seq` runs in row `slot`: its block table goes there."""
+        seq.slot = slot
+        self._write_table(seq)
+
+    def _write_table(self, seq: Sequence) -> None:
+        row = self.cache.rows[seq.slot]
+        row[: len(seq.blocks)] = seq.blocks
+        row[len(seq.blocks):] = NULL_BLOCK
+
     def place(self, group: SequenceGroup, children: list[Sequence]) -> list[Sequence]:
-        """Put a prefilled parent's n/best_of children in the slots right after it (copying its K/V), and
-        append every candidate to the decode rows."""
+        """Put a prefilled parent's n/best_of children in the slots right after it, sharing its full blocks (a
+        partly filled last block is copied: each child writes its own next positions there), and append every
+        candidate to the decode rows."""
         parent = group.sequences[0]
+        full = parent.kv_len // BLOCK_TOKENS
         for child in children:
-            child.slot = parent.slot + child.index
-            self.cache.copy_slot(parent.slot, child.slot, parent.kv_len)
+            child.blocks = parent.blocks[:full]
+            for block in child.blocks:
+                self.pool.hold(block)
+            if parent.kv_len % BLOCK_TOKENS:
+                copy = self.pool.take()
+                self.cache.copy_block(parent.blocks[full], copy)
+                child.blocks.append(copy)
+            self.seat(child, parent.slot + child.index)
             group.sequences.append(child)
         self.decoding.extend(group.sequences)
         return list(group.sequences)
@@ -99,47 +160,34 @@ class SlotTable:
         """A recomputed candidate is a decode row again (it already sits at slot B)."""
         if self.prefilling is job:
             self.prefilling = None
-        job.seq.slot = len(self.decoding)
+        self.seat(job.seq, len(self.decoding))
         self.decoding.append(job.seq)
 
     def retire(self, seq: Sequence) -> bool:
-        """Free the sequence's slot, moving the last row (and any prefill in progress) down. False when the
-        sequence holds no decode row (already retired)."""
+        """Give back the sequence's blocks and its row, moving the last row (and any prefill in progress) down.
+        False when the sequence holds no decode row (already retired)."""
         if seq not in self.decoding:
             return False
-        cache = self.cache
         index = self.decoding.index(seq)
-        last = len(self.decoding) - 1
-        if index != last:
-            moved = self.decoding[last]
-            cache.copy_slot(last, index, moved.kv_len)
-            cache.release(index, moved.kv_len)  # the retired sequence may have reached further
-            moved.slot = index
+        self.free(seq)
+        moved = self.decoding.pop()
+        if moved is not seq:
             self.decoding[index] = moved
-        self.decoding.pop()
-        vacated = last
-        if self.prefilling is not None and self.prefilling.prefilled > 0:
-            row = self.prefilling.sequences[0]
-            cache.copy_slot(row.slot, len(self.decoding), row.kv_len)
-            cache.release(len(self.decoding), row.kv_len)
-            vacated, row.slot = row.slot, len(self.decoding)
-        cache.release(vacated)
+            self.seat(moved, index)
+        if self.prefilling is not None and self.prefilling.sequences:
+            self.seat(self.prefilling.sequences[0], len(self.decoding))
         return True
 
     def drop_prefill(self, group: SequenceGroup) -> Prefilling | None:
-        """The prefilling request is gone or preempted: give back its partial prompt's memory. Returns the job
+        """The prefilling request is gone or preempted: give back its partial prompt's blocks. Returns the job
         dropped, if it was this group's."""
         job = self.prefilling
         if job is None or owner(job) is not group:
             return None
         self.prefilling = None
-        if job.sequences and job.sequences[0].slot >= 0:
-            self.cache.release(job.sequences[0].slot)
+        for seq in job.sequences:
+            self.free(seq)
         return job
 
     def busy(self) -> bool:
         return bool(self.prefilling or self.decoding)
-
-    def release_all(self) -> None:
-        """Idle: whatever a failed prefill or fork left, give it back."""
-        self.cache.release_all()

@@ -5,7 +5,7 @@ runner (engine.runner.model_runner), which passes the cache and a LoRA batch int
 
 Why our own forward: batched decode of small models on CPU is bound by per-step overhead (Python
 dispatch over many small ops, a growing cache), not arithmetic. Fused QKV / gate-up weights,
-preallocated KV buffers written at each row's own position, GQA folded into SDPA without repeating
+a preallocated paged KV pool written at each row's own position, GQA folded into SDPA without repeating
 K/V, and the LM head only on the positions we sample from cut that overhead (see
 docs/cpu-decode.md). Supported: LlamaForCausalLM and the Qwen2/Qwen3 variants (QKV bias,
 per-head q/k RMSNorm), which covers the served models; others, and features the forward does not compute
@@ -58,7 +58,7 @@ def _fuse_linears(linears: list[torch.nn.Module], name: str = "weight") -> torch
 
 
 class Decoder:
-    """Prefill and batched decode over a static KV cache passed in; rows are KV cache slots.
+    """Prefill and batched decode over a paged KV cache passed in; rows are the cache's slots.
 
     `max_len`: the longest sequence it runs (RoPE tables; a sliding window shorter than it is rejected)."""
 
@@ -101,9 +101,11 @@ class Decoder:
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
 
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
-        """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions."""
-        return KVCache(len(self.layers), slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device)
+    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None) -> KVCache:
+        """A zeroed KV cache shaped for this model: `slots` rows of up to `max_len` positions, in a pool of
+        `num_blocks` blocks (None: enough for every slot's whole context)."""
+        return KVCache(len(self.layers), slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device,
+                       num_blocks)
 
     def lora_batch(self, adapters: AdapterTable, token_adapters: list[str | None]) -> LoraBatch:
         """One forward's LoRA rows: `token_adapters` has an entry per row of its activations."""
@@ -222,19 +224,20 @@ class Decoder:
     @torch.inference_mode()
     def prefill(self, cache: KVCache, slot: int, token_ids: list[int], start: int, lora: LoraBatch | None = None,
                 embeds: torch.Tensor | None = None, sample: bool = True) -> torch.Tensor | None:
-        """Run `token_ids` for one slot from position `start`; returns logits of the last token [V], or None when
-        not `sample` (a chunk before the prompt's last: no LM head). `lora`: one row per token of the chunk."""
+        """Run `token_ids` for one slot from position `start` (its block table covers them); returns logits of the
+        last token [V], or None when not `sample` (a chunk before the prompt's last: no LM head). `lora`: one row
+        per token of the chunk."""
         n = len(token_ids)
         end = start + n
         positions = torch.arange(start, end, device=self.device)
         h = self._embed(stage(token_ids, torch.long, self.device)) if embeds is None \
             else embeds.to(self.device, self.dtype, copy=True)
-        kc, vc = cache.k, cache.v
+        table = cache.device_tables(slot, slot + 1)[0]
+        block, offset = cache.locate(table, positions)
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            kc[i, slot, :, start:end] = k.transpose(0, 1)
-            vc[i, slot, :, start:end] = v.transpose(0, 1)
-            return chunk_attention(q, kc[i, slot], vc[i, slot], start, self.native_attention,
+            cache.write(i, block, offset, k, v)
+            return chunk_attention(q, cache.k[i], cache.v[i], table, start, self.native_attention,
                                    self.bf16_attention).reshape(n, -1)
 
         normed = self._layers(h, self._rope_at(positions), lora, attend)
@@ -244,7 +247,7 @@ class Decoder:
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
                       starts: list[int] | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
         """The prompts of several new sequences in one forward (right-padded); returns [k, V] last logits.
-        `starts`: positions already in each slot (a cached prefix, loaded), so `prompts` are the rest of each
+        `starts`: positions already in each slot (a cached prefix), so `prompts` are the rest of each
         prompt; None: whole prompts. `lora`: one row per padded token (each prompt padded to the longest).
 
         Only real tokens write K/V; a pad query attends to its row's real keys under SDPA, or gets zeros from our
@@ -253,35 +256,34 @@ class Decoder:
         k, longest = len(prompts), max(len(p) for p in prompts)
         starts = starts or [0] * k
         span = max(s + len(p) for s, p in zip(starts, prompts, strict=True))  # keys any row reads
-        # one host->device copy of the padded ids, the lengths, the slots and the starts
-        table = stage([p + [0] * (longest - len(p)) + [len(p), slot, start]
-                       for p, slot, start in zip(prompts, slots, starts, strict=True)], torch.long, self.device)
-        ids, lengths, slot_index, start_t = (table[:, :longest], table[:, longest], table[:, longest + 1],
-                                             table[:, longest + 2])
+        # one host->device copy of the padded ids, the lengths and the starts
+        staged = stage([p + [0] * (longest - len(p)) + [len(p), start]
+                        for p, start in zip(prompts, starts, strict=True)], torch.long, self.device)
+        ids, lengths, start_t = staged[:, :longest], staged[:, longest], staged[:, longest + 1]
         positions = start_t[:, None] + torch.arange(longest, device=self.device)  # [k, T]
         h = self._embed(ids.reshape(-1))
+        tables = cache.tables_of(slots)
         mask = None
         if not self.native_attention:
             keys = torch.arange(span, device=self.device)[None, None, :]
             # [k, 1, T, span]: causal from each row's own start, and never past its own last token
             mask = ((keys <= positions[:, :, None]) & (keys < (start_t + lengths)[:, None, None]))[:, None]
         real = (positions < (start_t + lengths)[:, None]).reshape(-1).nonzero()[:, 0]  # the tokens that are not pads
-        token_slots, token_positions = slot_index.repeat_interleave(longest)[real], positions.reshape(-1)[real]
-        kc, vc = cache.k, cache.v
+        token_rows = torch.arange(k, device=self.device).repeat_interleave(longest)[real]
+        block, offset = cache.locate(tables, positions.reshape(-1)[real], token_rows)
         rope = self._rope_at(positions.reshape(-1).clamp(max=cache.max_len - 1))  # a pad may run past the cache
 
         def attend(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
-            kc[i, token_slots, :, token_positions] = kk[real]
-            vc[i, token_slots, :, token_positions] = vv[real]
+            cache.write(i, block, offset, kk[real], vv[real])
             q = q.view(k, longest, self.n_heads, self.head_dim)
             if mask is None:  # our kernel, prompt by prompt (a pad's output is zeros)
                 attn = q.new_zeros(q.shape)
-                for j, (slot, start, prompt) in enumerate(zip(slots, starts, prompts, strict=True)):
-                    attn[j, : len(prompt)] = chunk_attention(q[j, : len(prompt)], kc[i, slot], vc[i, slot], start,
-                                                             native=True, bf16=self.bf16_attention)
+                for j, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
+                    attn[j, : len(prompt)] = chunk_attention(q[j, : len(prompt)], cache.k[i], cache.v[i], tables[j],
+                                                             start, native=True, bf16=self.bf16_attention)
             else:
-                attn = F.scaled_dot_product_attention(q.transpose(1, 2), kc[i, slot_index, :, :span],
-                                                      vc[i, slot_index, :, :span], attn_mask=mask,
+                keys_k, keys_v = cache.gather(i, tables, span)
+                attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys_k, keys_v, attn_mask=mask,
                                                       enable_gqa=True).transpose(1, 2)
             return attn.reshape(k * longest, -1)
 
@@ -289,30 +291,33 @@ class Decoder:
         return self.logits(normed.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1])
 
     def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
-                      lora: LoraBatch | None = None, masked: bool = True) -> torch.Tensor:
+                      lora: LoraBatch | None = None, masked: bool = True, tables: torch.Tensor | None = None
+                      ) -> torch.Tensor:
         """One decode step for slots 0..B-1 on device tensors, with no host sync (so a CUDA graph can capture
         it): `span` cache positions are read, and each row attends to its own filled prefix only when `masked`.
+        `tables`: the rows' block tables [B, max_blocks] (None: the cache's own for slots 0..B-1).
         Returns the final-normed hidden states [B, hidden]; `logits` applies the LM head."""
         b = token_tensor.shape[0]
         h = self._embed(token_tensor)
-        kc, vc = cache.k, cache.v
+        tables = cache.device_tables(0, b) if tables is None else tables
         if self.native_attention:  # our kernel writes k/v too, and reads each row's own prefix: no mask to build
 
             def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                return decode_attention(q, k, v, kc[i], vc[i], positions_t, self.bf16_attention).reshape(b, -1)
+                return decode_attention(q, k, v, cache.k[i], cache.v[i], tables, positions_t,
+                                        self.bf16_attention).reshape(b, -1)
         else:
-            rows = torch.arange(b, device=self.device)
             group = self.n_heads // self.n_kv
+            block, offset = cache.locate(tables, positions_t)
             # [B, 1, 1, span]: each row attends to its own filled prefix only
             mask = (torch.arange(span, device=self.device)[None, :] <= positions_t[:, None])[:, None, None, :] \
                 if masked else None
 
             def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                kc[i, rows, :, positions_t] = k
-                vc[i, rows, :, positions_t] = v
+                cache.write(i, block, offset, k, v)
+                keys_k, keys_v = cache.gather(i, tables, span)
                 # GQA folded into the query-length axis: [B, Hkv, group, D] against [B, Hkv, span, D]
-                attn = F.scaled_dot_product_attention(q.view(b, self.n_kv, group, self.head_dim),
-                                                      kc[i, :b, :, :span], vc[i, :b, :, :span], attn_mask=mask)
+                attn = F.scaled_dot_product_attention(q.view(b, self.n_kv, group, self.head_dim), keys_k, keys_v,
+                                                      attn_mask=mask)
                 return attn.reshape(b, -1)
 
         return self._layers(h, self._rope_at(positions_t), lora, attend)

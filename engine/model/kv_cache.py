@@ -1,127 +1,132 @@
-"""Static KV buffers, one row ("slot") per running sequence.
+"""The KV cache: one pool of fixed-size blocks per layer, and a block table per slot.
 
-Allocated once, zeroed; on the host, memory pages are only committed as positions are written. A freed slot's
-positions read as zeros again (`release`): its pages stay resident, zeroed, while the resident total is within
-`resident_budget` (the engine's KV budget, which admission already lets running requests fill), and go back to
-the OS beyond it. So resident memory never ratchets past the budget, and the next prompt in a freed slot writes
-to pages already mapped: a first write faults a page in at 5-7 us a 4 KiB page on the 2-core VMs, 90-110 ms of a
-1.5k-token prompt's first token in fp32 (72 MB of K/V) when every freed slot gave its pages back.
-Running sequences are kept in slots 0..B-1 so a decode step reads plain views, no gathers.
+A layer's keys (and values) are `[num_blocks, kv_heads, block_size, head_dim]`: FlashInfer's "HND" page layout,
+which our CPU kernels read too. A slot is a row of the running batch; its block table says which pool block holds
+each of its runs of `block_size` positions: position p of slot s is block `tables[s, p // block_size]`, offset
+`p % block_size`. So memory follows the blocks in use, not `slots x max_len`; sequences that start the same way
+share blocks (the prefix cache, n/best_of forks) without copying them; and moving a sequence to another row moves
+its table, not its K/V. Which block goes where is the scheduler's business (engine.core.block_pool); this module
+holds the tensors and the tables.
+
+Block 0 is the null block: table entries no sequence owns point at it, and padded rows (CUDA graphs) write there.
+Nothing reads it as a real position: the kernels stop at each row's own length, and the SDPA paths mask what lies
+past it.
+
+A new cache gives every slot its own run of blocks when the pool holds them all, so a decoder can be driven without
+a scheduler (load-time checks, tests); the scheduler's block pool clears the tables and hands blocks out as
+positions are written.
+
+On the host the pool is one zeroed allocation whose pages are committed only where blocks are written, and the
+block pool reuses the most recently freed blocks first, so resident memory follows the peak of blocks in use.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
-import mmap
 
 import numpy as np
 import torch
 
-_PAGE = mmap.PAGESIZE
-_MADV_DONTNEED = 4  # Linux: private anonymous pages are dropped and read as zeros when next touched
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-
-
-def give_back(address: int, nbytes: int) -> None:
-    """Drop the whole pages inside [address, address + nbytes) of calloc'd host memory: RSS falls, and the
-    memory reads as zeros again (the cache's invariant holds)."""
-    start = -(-address // _PAGE) * _PAGE
-    end = (address + nbytes) // _PAGE * _PAGE
-    if end > start and _libc.madvise(start, end - start, _MADV_DONTNEED) != 0:
-        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
+NULL_BLOCK = 0
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    """A zero-filled cache buffer. Masked positions still enter attention as 0 x value, and 0 x NaN is NaN,
-    so a cache must never hold stale memory (`torch.empty` can hand back recycled heap memory). On the host
-    the zeros come from calloc (numpy), whose large blocks are pages committed only as they are written, so
-    a cache sized for every slot's full context costs memory only where sequences have been."""
+    """A zero-filled buffer. On the host the zeros come from calloc (numpy), whose large blocks are pages committed
+    only as they are written, so a pool sized for the profile's whole KV memory costs memory only where blocks have
+    been used. (`torch.empty` could hand back recycled heap memory, and a NaN there would survive a masked SDPA as
+    0 x NaN.)"""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.zeros(nbytes + _PAGE, dtype=np.uint8)
-    start = -raw.ctypes.data % _PAGE  # page-aligned, so `release` can give back whole runs of positions
-    return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
-def commit(buffer: torch.Tensor) -> torch.Tensor:
-    """Touch every page of a host buffer from `zeroed` now, so no later write to it pays a page fault.
-
-    Why: a first write to a calloc'd page faults, and on the 2-core VMs that cost 5-7 us a 4 KiB page; storing a
-    1.5k-token prompt's K/V in a fresh prefix-cache pool (72 MB in fp32) took 65-128 ms instead of 6, on the path
-    to that prompt's first token."""
-    if buffer.device.type == "cpu":
-        buffer.zero_()
-    return buffer
+def blocks_for(positions: int, block_size: int) -> int:
+    return -(-positions // block_size)
 
 
 class KVCache:
-    def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device) -> None:
-        shape = (layers, slots, kv_heads, max_len, head_dim)
-        self.k = zeroed(shape, dtype, device)
-        self.v = zeroed(shape, dtype, device)
+    def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
+                 num_blocks: int | None = None, block_size: int = 16) -> None:
+        """`num_blocks`: the pool's blocks, the null block included (None: enough for every slot's whole
+        context)."""
+        self.block_size = block_size
         self.slots = slots
         self.max_len = max_len
-        self._host = self.k.device.type == "cpu"  # device memory is allocated up front and stays
-        self.resident_budget = 0  # positions kept resident across slots when freed (0: every freed page goes back)
-        self.written = [0] * slots  # per slot: positions 0..written-1 may hold K/V (`mark`)
-        self.resident = [0] * slots  # per slot: positions whose pages may be resident
+        self.max_blocks = blocks_for(max_len, block_size)  # a table's width
+        whole = slots * self.max_blocks + 1
+        self.num_blocks = whole if num_blocks is None else num_blocks
+        shape = (layers, self.num_blocks, kv_heads, block_size, head_dim)
+        self.k = zeroed(shape, dtype, device)
+        self.v = zeroed(shape, dtype, device)
+        self.device = self.k.device
+        self._host = self.device.type == "cpu"
+        # the tables live on the host, where the scheduler writes them (through `rows`, a numpy view: an element
+        # write costs ~100 ns there, against ~2 us through torch); a device forward reads a copy (`device_tables`)
+        self.tables = torch.zeros(slots, self.max_blocks, dtype=torch.long, device="cpu")
+        self.rows = self.tables.numpy()
+        if self.num_blocks >= whole:
+            self.give_slots_blocks(slots, max_len)
 
-    def mark(self, slot: int, end: int) -> None:
-        """Positions up to `end` of `slot` are being written (every writer calls it first: the model runner, the
-        prefix cache, `copy_slot`)."""
-        self.written[slot] = max(self.written[slot], end)
-        self.resident[slot] = max(self.resident[slot], end)
+    def give_slots_blocks(self, slots: int, positions: int) -> None:
+        """Slots 0..slots-1 each own a run of blocks for their first `positions` positions: how a decoder is driven
+        without a scheduler (load-time checks, tests, benchmarks of the forward alone)."""
+        count = blocks_for(positions, self.block_size)
+        if slots * count >= self.num_blocks:
+            raise ValueError(f"{slots} slots of {positions} positions need more than the pool's {self.num_blocks} "
+                             "blocks")
+        self.rows[:slots] = NULL_BLOCK
+        self.rows[:slots, :count] = 1 + np.arange(slots * count).reshape(slots, count)
 
-    def release(self, slot: int, keep: int = 0) -> None:
-        """`slot` keeps its first `keep` positions and reads zeros past them (a freed or shortened slot): zeroed in
-        place while the slots' resident positions are within `resident_budget`, else given back to the OS.
+    def clear_tables(self) -> None:
+        """Every entry to the null block: from now on a scheduler hands blocks out."""
+        self.rows[:] = NULL_BLOCK
 
-        Without the budget a slot would keep every page its longest sequence ever touched, and over hours the
-        cache's resident memory would ratchet up to slots x context (12 GB for SmolLM2's profile)."""
-        if not self._host or keep >= self.max_len:
-            return
-        if self.resident_budget and sum(self.resident) <= self.resident_budget:
-            if self.written[slot] > keep:
-                self.k[:, slot, :, keep : self.written[slot]].zero_()
-                self.v[:, slot, :, keep : self.written[slot]].zero_()
-            self.written[slot] = min(self.written[slot], keep)
-            return
-        self.written[slot] = min(self.written[slot], keep)
-        self.resident[slot] = min(self.resident[slot], keep)
-        layers, slots, heads, max_len, dim = self.k.shape
-        run = max_len * dim * self.k.element_size()  # one (layer, slot, head): contiguous positions
-        kept = keep * dim * self.k.element_size()
-        for buffer in (self.k, self.v):
-            base = buffer.data_ptr()
-            for layer in range(layers):
-                first = base + ((layer * slots + slot) * heads) * run
-                for head in range(heads):
-                    give_back(first + head * run + kept, run - kept)
+    def device_tables(self, first: int, stop: int) -> torch.Tensor:
+        """Tables of slots first..stop-1 where the forward runs: a view on the host, a copy on a device."""
+        rows = self.tables[first:stop]
+        return rows if self._host else rows.to(self.device, non_blocking=True)
 
-    def release_all(self) -> None:
-        """Every slot reads zeros (the engine went idle): zeroed in place within the budget, as `release` does, else
-        the whole cache given back in one call a buffer."""
-        if not self._host:
-            return
-        if self.resident_budget and sum(self.resident) <= self.resident_budget:
-            for slot in range(self.slots):
-                self.release(slot)
-            return
-        for buffer in (self.k, self.v):
-            give_back(buffer.data_ptr(), buffer.numel() * buffer.element_size())
-        self.written, self.resident = [0] * self.slots, [0] * self.slots
+    def tables_of(self, slots: list[int]) -> torch.Tensor:
+        """Tables of these slots [len(slots), max_blocks] where the forward runs."""
+        rows = self.tables[slots]
+        return rows if self._host else rows.to(self.device, non_blocking=True)
+
+    def locate(self, tables: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) of each position [N]: in one table [max_blocks], or in `tables` [R, max_blocks] by each
+        position's row (`rows` [N]; None: position i is in row i)."""
+        index = torch.div(positions, self.block_size, rounding_mode="floor")
+        if tables.dim() == 1:
+            block = tables[index]
+        elif rows is None:
+            block = tables.gather(1, index[:, None])[:, 0]
+        else:
+            block = tables[rows, index]
+        return block, positions % self.block_size
+
+    def write(self, layer: int, block: torch.Tensor, offset: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> None:
+        """k, v [N, kv_heads, D] into the layer's pool at (block, offset) [N] (no host sync: graph-capturable)."""
+        self.k[layer][block, :, offset] = k
+        self.v[layer][block, :, offset] = v
+
+    def gather(self, layer: int, tables: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions 0..span-1 of each table's sequence, as contiguous rows: tables [R, >= blocks(span)] ->
+        k, v [R, kv_heads, span, D]. For the SDPA paths; our kernels read the blocks in place."""
+        count = blocks_for(span, self.block_size)
+        index = tables[:, :count]
+        out = []
+        for pool in (self.k[layer], self.v[layer]):
+            blocks = pool[index]  # [R, count, Hkv, B, D]
+            out.append(blocks.transpose(1, 2).flatten(2, 3)[:, :, :span])
+        return out[0], out[1]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block `dst` takes `src`'s K/V in every layer (a fork's copy of a partly filled block)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
 
     def bytes_per_token(self) -> int:
         layers, _, heads, _, dim = self.k.shape
         return 2 * layers * heads * dim * self.k.element_size()
-
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` positions of slot `src` into slot `dst` (fork or compaction)."""
-        if src == dst or length == 0:
-            return
-        self.mark(dst, length)
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]

@@ -1,21 +1,21 @@
-"""Any transformers decoder, run by its own modeling code on the engine's static KV cache.
+"""Any transformers decoder, run by its own modeling code on the engine's paged KV cache.
 
 transformers routes every attention call of a model that supports its attention interface through
 `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`, after the model has applied its own projections,
 norms and RoPE (per-layer rope bases included). We register one function there (`sie_kv`) that writes the
-new keys and values into our cache at each token's (slot, position) and attends over the slot's cached
-prefix, honouring what the layer declares: its `scaling` (Gemma's `query_pre_attn_scalar`), its
-`sliding_window` and its `softcap`. Everything else (embedding scale, GQA, tied embeddings, final logit
-soft-capping) stays in the model's own code. The same idea as vLLM's Transformers backend and transformers'
-own continuous batching (`generation/continuous_batching/`).
+new keys and values into our paged cache at each token's (slot, position), through the slot's block table,
+and attends over the slot's cached prefix, honouring what the layer declares: its `scaling` (Gemma's
+`query_pre_attn_scalar`), its `sliding_window` and its `softcap`. Everything else (embedding scale, GQA, tied
+embeddings, final logit soft-capping) stays in the model's own code. The same idea as vLLM's Transformers backend
+and transformers' own continuous batching (`generation/continuous_batching/`).
 
 A forward is one packed row of tokens ([1, N]); `AttentionStep` says where each token lives: either one
 token per slot 0..N-1 (a decode step) or contiguous segments of one slot each (prefill chunks). The mask
 of each window size is built once a forward, not once a layer.
 
 The cache keeps every position of every layer, sliding-window layers included (they only read their last
-`window` positions): the same slot layout as the fused path, so prefix caching, forks and compaction need
-nothing new. For Gemma 3 270M that is 18 x 2 x 256 x 4 B = 36.9 kB a token in fp32, of which the 15
+`window` positions): the same block layout as the fused path, so prefix caching and forks share blocks the same
+way. For Gemma 3 270M that is 18 x 2 x 256 x 4 B = 36.9 kB a token in fp32, of which the 15
 sliding layers' positions older than 512 are never read again.
 """
 
@@ -60,11 +60,19 @@ class AttentionStep:
     """Where the tokens of one forward live in the cache; shared by every layer of that forward."""
 
     cache: KVCache
-    slots: torch.Tensor  # [N] slot of each packed token
+    tables: torch.Tensor  # [R, max_blocks]: the block table of each decode row, or of each prefill segment
+    rows: torch.Tensor | None  # [N] each packed token's row of `tables` (None: token i in row i)
     positions: torch.Tensor  # [N]
     segments: list[Segment] | None = None  # prefill; None: a decode step (token i in slot i)
     span: int = 0  # decode: cache positions read
     _masks: dict[tuple[int, int | None], torch.Tensor | None] = field(default_factory=dict)
+    _where: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def where(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset) of each packed token in the pool, found once a forward."""
+        if self._where is None:
+            self._where = self.cache.locate(self.tables, self.positions, self.rows)
+        return self._where
 
     def decode_mask(self, window: int | None) -> torch.Tensor | None:
         """[B, 1, 1, span] bool: each row's own filled prefix (and only its last `window` positions)."""
@@ -121,25 +129,25 @@ def cached_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise RuntimeError(f"the {ATTENTION_NAME} attention runs only inside the engine's forward")
     step, layer = sie_step, module.layer_idx
     scaling = scaling if scaling is not None else module.head_dim ** -0.5
-    kc, vc = step.cache.k[layer], step.cache.v[layer]  # [slots, Hkv, max_len, D]
-    kc[step.slots, :, step.positions] = key[0].transpose(0, 1)
-    vc[step.slots, :, step.positions] = value[0].transpose(0, 1)
-    heads, dim = query.shape[1], query.shape[-1]
+    cache = step.cache
+    block, offset = step.where()
+    cache.write(layer, block, offset, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    heads, dim, kv_heads = query.shape[1], query.shape[-1], key.shape[1]
     if step.segments is None:
         b = query.shape[2]
-        group = heads // kc.shape[1]
+        group = heads // kv_heads
         # GQA folded into the query-length axis, as in the fused decode step
-        q = query[0].transpose(0, 1).reshape(b, kc.shape[1], group, dim)
-        out = _attend(q, kc[:b, :, :step.span], vc[:b, :, :step.span], step.decode_mask(sliding_window),
-                      scaling, softcap)
+        q = query[0].transpose(0, 1).reshape(b, kv_heads, group, dim)
+        keys, values = cache.gather(layer, step.tables, step.span)
+        out = _attend(q, keys, values, step.decode_mask(sliding_window), scaling, softcap)
         return out.reshape(1, b, heads, dim), None
     parts = []
     for i, seg in enumerate(step.segments):
         end = seg.start + seg.length
         q = query[:, :, seg.offset:seg.offset + seg.length]
         mask = step.prefill_mask(i, sliding_window)
-        parts.append(_attend(q, kc[seg.slot:seg.slot + 1, :, :end], vc[seg.slot:seg.slot + 1, :, :end], mask,
-                             scaling, softcap, is_causal=True))
+        keys, values = cache.gather(layer, step.tables[i : i + 1], end)
+        parts.append(_attend(q, keys, values, mask, scaling, softcap, is_causal=True))
     out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     return out.transpose(1, 2), None
 
@@ -247,10 +255,11 @@ class TransformersDecoder:
         """`prefill_batch` packs the prompts back to back: one entry per prompt token."""
         return [adapter for prompt, adapter in zip(prompts, adapters, strict=True) for _ in prompt]
 
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
-        """A zeroed KV cache shaped for this model: `slots` rows of `max_len` positions, every layer."""
+    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None) -> KVCache:
+        """A zeroed KV cache shaped for this model, every layer: `slots` rows of up to `max_len` positions, in a
+        pool of `num_blocks` blocks (None: enough for every slot's whole context)."""
         return KVCache(self.config.num_hidden_layers, slots, self.n_kv, max_len, self.head_dim, self.dtype,
-                       self.device)
+                       self.device, num_blocks)
 
     @contextlib.contextmanager
     def hf_attention(self) -> Iterator[None]:
@@ -286,8 +295,9 @@ class TransformersDecoder:
         n = len(token_ids)
         ids = stage(token_ids, torch.long, self.device)
         positions = torch.arange(start, start + n, device=self.device)
-        slots = torch.full((n,), slot, dtype=torch.long, device=self.device)
-        step = AttentionStep(cache, slots, positions, [Segment(slot, start, n, 0)])
+        table = cache.device_tables(slot, slot + 1)
+        rows = torch.zeros(n, dtype=torch.long, device=self.device)
+        step = AttentionStep(cache, table, rows, positions, [Segment(slot, start, n, 0)])
         hidden = self._hidden(ids, step, embeds.to(self.device) if embeds is not None else None, lora)
         return self.logits(hidden[-1:])[0] if sample else None
 
@@ -301,18 +311,21 @@ class TransformersDecoder:
             segments.append(Segment(slot, start, len(prompt), offset))
             offset += len(prompt)
         table = stage([[t for p in prompts for t in p],
-                       [s.slot for s in segments for _ in range(s.length)],
+                       [i for i, s in enumerate(segments) for _ in range(s.length)],
                        [s.start + i for s in segments for i in range(s.length)],
                        [s.offset + s.length - 1 for s in segments] + [0] * (offset - len(segments))],
                       torch.long, self.device)
-        step = AttentionStep(cache, table[1], table[2], segments)
+        tables = cache.tables_of(slots)
+        step = AttentionStep(cache, tables, table[1], table[2], segments)
         return self.logits(self._hidden(table[0], step, lora=lora)[table[3, :len(segments)]])
 
     @torch.inference_mode()
     def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
-                      lora: list[str] | None = None, masked: bool = True) -> torch.Tensor:
+                      lora: list[str] | None = None, masked: bool = True, tables: torch.Tensor | None = None
+                      ) -> torch.Tensor:
         """One decode step for slots 0..B-1 on device tensors (row i feeds its token at its position); returns
-        the final-normed hidden states [B, hidden]. Each row always attends to its own prefix (and window)."""
-        rows = torch.arange(token_tensor.shape[0], device=self.device)
-        step = AttentionStep(cache, rows, positions_t, None, span=span)
+        the final-normed hidden states [B, hidden]. Each row always attends to its own prefix (and window).
+        `tables`: the rows' block tables (None: the cache's own for slots 0..B-1)."""
+        tables = cache.device_tables(0, token_tensor.shape[0]) if tables is None else tables
+        step = AttentionStep(cache, tables, None, positions_t, None, span=span)
         return self._hidden(token_tensor, step, lora=lora)

@@ -6,10 +6,10 @@ them in one call, as vLLM and SGLang do for decode.
 
 How: inputs go into static buffers sized for the largest batch; a step of B rows reading `span` positions
 runs the graph captured for the smallest batch bucket >= B and span bucket >= span, with the rows past B
-padded. Padded rows use the slots after the live ones, feed token 0 and write their K/V at the last cache
-position, `max_len - 1`. That position is never read before its own sequence writes it (every row writes its
-position before attending to it), so a padded row never disturbs a prompt being prefilled in those slots.
-Each row's own mask hides the positions past its length, so a larger span changes nothing it reads.
+padded. The rows' block tables are inputs too (a static buffer, refilled each step), so a graph follows the
+blocks wherever the scheduler put them. Padded rows feed token 0 at position 0 through a table of null blocks:
+they write only the null block, which nothing reads as a real position (engine.model.kv_cache). Each row's own
+mask, or our kernel's own length, hides the positions past its length, so a larger span changes nothing it reads.
 Graphs are captured lazily, one per (batch, span) bucket, in one shared memory pool.
 
 What is captured is a callable, `step(tokens, positions, span) -> [batch, width]` (the runner's decoder body up
@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 SPAN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-# (tokens [batch], positions [batch], span) -> [batch, width], on device tensors and with no host sync
-Step = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# (tokens [batch], positions [batch], block tables [batch, max_blocks], span) -> [batch, width], on device tensors
+# and with no host sync
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def buckets(candidates: tuple[int, ...], limit: int) -> list[int]:
@@ -48,24 +49,24 @@ def buckets(candidates: tuple[int, ...], limit: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, step: Step, max_batch: int, max_len: int, width: int, dtype: torch.dtype,
+    def __init__(self, step: Step, max_batch: int, max_len: int, max_blocks: int, width: int, dtype: torch.dtype,
                  device: torch.device, capture: bool | None = None) -> None:
         self.step = step
         self.device = device
         self.capture = device.type == "cuda" if capture is None else capture
         self.batch_buckets = buckets(BATCH_BUCKETS, max_batch)
         self.span_buckets = buckets(SPAN_BUCKETS, max_len)
-        self.pad_position = max_len - 1
         # rows: token ids, positions
         self.inputs = torch.zeros(2, max_batch, dtype=torch.long, device=device)
+        self.tables = torch.zeros(max_batch, max_blocks, dtype=torch.long, device=device)  # pads: null blocks
         self.output = torch.zeros(max_batch, width, dtype=dtype, device=device)  # what every graph writes
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.disabled = False
 
-    def run(self, token_ids: list[int], positions: list[int]) -> torch.Tensor | None:
-        """The step's [B, width] result for B live rows, or None when this step must run eagerly. A view of the
-        shared output buffer: valid until the next call."""
+    def run(self, token_ids: list[int], positions: list[int], tables: torch.Tensor) -> torch.Tensor | None:
+        """The step's [B, width] result for B live rows (`tables`: their block tables, on the device), or None
+        when this step must run eagerly. A view of the shared output buffer: valid until the next call."""
         if self.disabled:
             return None
         b = len(token_ids)
@@ -74,8 +75,10 @@ class DecodeGraphs:
         if batch is None or span is None:
             return None
         pad = batch - b
-        self.inputs[:, :batch].copy_(stage([token_ids + [0] * pad, positions + [self.pad_position] * pad],
+        self.inputs[:, :batch].copy_(stage([token_ids + [0] * pad, positions + [0] * pad],
                                            torch.long, self.device), non_blocking=True)
+        self.tables[:b].copy_(tables, non_blocking=True)
+        self.tables[b:batch].zero_()  # pad rows: null blocks (a larger batch before left its tables there)
         if not self.capture:
             self._body(batch, span)
             return self.output[:b]
@@ -96,7 +99,8 @@ class DecodeGraphs:
         return sizes[i] if i < len(sizes) else None
 
     def _body(self, batch: int, span: int) -> None:
-        self.output[:batch].copy_(self.step(self.inputs[0, :batch], self.inputs[1, :batch], span))
+        self.output[:batch].copy_(self.step(self.inputs[0, :batch], self.inputs[1, :batch], self.tables[:batch],
+                                            span))
 
     def _capture(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
         # warm-up on a side stream (allocator and kernel selection), as torch.cuda.graphs recommends; it

@@ -1,9 +1,10 @@
 """The model runner: host inputs in, logits out, over the model's KV cache, adapters and CUDA graphs.
 
-It owns everything a forward needs besides the weights: the KV cache (rows are the scheduler's slots), the
-LoRA adapter table, and the decode CUDA graphs. It picks how a decode step runs: replayed from a graph when
-graphs are on and no row uses an adapter, eagerly otherwise (or when no graph fits), as nano-vllm's
-`ModelRunner.run_model` does. The decoder stays pure model math.
+It owns everything a forward needs besides the weights: the paged KV cache (rows are the scheduler's slots, whose
+block tables the scheduler fills before a forward writes there), the LoRA adapter table, and the decode CUDA
+graphs. It picks how a decode step runs: replayed from a graph when graphs are on and no row uses an adapter,
+eagerly otherwise (or when no graph fits), as nano-vllm's `ModelRunner.run_model` does. The decoder stays pure
+model math.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from engine.staging import stage
 
 class ModelRunner:
     def __init__(self, decoder: AnyDecoder, slots: int, max_len: int, adapters: dict[str, Any] | None = None,
-                 cuda_graphs: bool = False, capture: bool | None = None) -> None:
+                 cuda_graphs: bool = False, capture: bool | None = None, kv_blocks: int | None = None) -> None:
         """`cuda_graphs`: replay decode steps from graphs (`capture=False` runs the same padded, bucketed
-        step eagerly, which is how the CPU tests check it; None: capture on CUDA)."""
+        step eagerly, which is how the CPU tests check it; None: capture on CUDA). `kv_blocks`: the KV pool's
+        blocks, the null block included (None: every slot's whole context)."""
         self.decoder = decoder
         self.device = decoder.device
-        self.cache: KVCache = decoder.new_cache(slots, max_len)
+        self.cache: KVCache = decoder.new_cache(slots, max_len, kv_blocks)
         # served adapter name -> what the decoder's LoRA rows need (engine.model.lora, .transformers_lora)
         self.adapters: dict[str, Any] = adapters if adapters is not None else {}
-        self.graphs = DecodeGraphs(self._graph_step, slots, max_len, decoder.hidden_size, decoder.dtype,
-                                   decoder.device, capture) if cuda_graphs else None
+        self.graphs = DecodeGraphs(self._graph_step, slots, max_len, self.cache.max_blocks, decoder.hidden_size,
+                                   decoder.dtype, decoder.device, capture) if cuda_graphs else None
 
     @property
     def vocab_size(self) -> int:
@@ -54,7 +56,6 @@ class ModelRunner:
     def _prefill(self, slot: int, token_ids: list[int], start: int, adapter: str | None, embeds: torch.Tensor | None,
                  sample: bool) -> torch.Tensor | None:
         lora = self._lora([adapter] * len(token_ids)) if adapter else None  # every token runs on the adapter
-        self.cache.mark(slot, start + len(token_ids))
         return self.decoder.prefill(self.cache, slot, token_ids, start, lora, embeds, sample)
 
     def prefill_batch(self, slots: list[int], prompts: list[list[int]], adapters: list[str | None],
@@ -62,8 +63,6 @@ class ModelRunner:
         """The prompts of several new sequences in one forward; returns [k, V] last logits. `starts`: the
         positions each slot already holds (a cached prefix), which `prompts` continue; None: whole prompts."""
         lora = self._lora(self.decoder.batch_token_adapters(prompts, adapters)) if any(adapters) else None
-        for slot, prompt, start in zip(slots, prompts, starts or [0] * len(prompts), strict=True):
-            self.cache.mark(slot, start + len(prompt))
         return self.decoder.prefill_batch(self.cache, slots, prompts, starts=starts, lora=lora)
 
     @torch.inference_mode()
@@ -71,10 +70,8 @@ class ModelRunner:
                ) -> torch.Tensor:
         """One step for slots 0..B-1 (row i feeds `token_ids[i]` at `positions[i]`). Returns [B, V] logits."""
         with_lora = bool(adapters and any(adapters))
-        for slot, position in enumerate(positions):
-            self.cache.mark(slot, position + 1)
         if self.graphs is not None and not with_lora:
-            hidden = self.graphs.run(token_ids, positions)
+            hidden = self.graphs.run(token_ids, positions, self.cache.device_tables(0, len(token_ids)))
             if hidden is not None:
                 return self.decoder.logits(hidden)  # the LM head outside the graph, on the live rows only
         inputs = stage([token_ids, positions], torch.long, self.device)  # one host->device copy
@@ -85,5 +82,6 @@ class ModelRunner:
                                             masked=not full)
         return self.decoder.logits(hidden)
 
-    def _graph_step(self, tokens: torch.Tensor, positions: torch.Tensor, span: int) -> torch.Tensor:
-        return self.decoder.decode_hidden(self.cache, tokens, positions, span)
+    def _graph_step(self, tokens: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, span: int
+                    ) -> torch.Tensor:
+        return self.decoder.decode_hidden(self.cache, tokens, positions, span, tables=tables)

@@ -1,8 +1,9 @@
 """engine/model/kernels/attention_bf16.cpp: causal attention with bf16 products (the bf16 profile's mixed mode), on
-AMX tiles or vdpbf16ps, whichever this CPU has, is as close to fp32 SDPA as bf16 products allow, and keeps the fp32
-kernel's guarantees bit for bit: a query's output does not depend on its chunk, the cached prefix or the batch, and
-a decode step gives the bits a prefill gives; through the decoder, a prompt's logits are the same whole, chunked,
-cached, batched or decoded."""
+AMX tiles or vdpbf16ps, whichever this CPU has, reading a layer's paged KV pool through block tables, is as close to
+fp32 SDPA as bf16 products allow, and keeps the fp32 kernel's guarantees bit for bit: a query's output does not
+depend on its chunk, the cached prefix, the batch or where the table puts its blocks, and a decode step gives the
+bits a prefill gives; through the decoder, a prompt's logits are the same whole, chunked, cached, batched or
+decoded."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.skipif(not (cpu_kernels.available() and torch.ops.sie_k
 CPU = torch.device("cpu")
 
 
-def _kernel(q, k, v, start):
-    return chunk_attention(q, k, v, start, native=True, bf16=True)
+def _kernel(q, k, v, table, start):
+    return chunk_attention(q, k, v, table, start, native=True, bf16=True)
 
 
 def _reference(q, k, v, start):
@@ -37,16 +38,54 @@ def _reference(q, k, v, start):
     return out[0].transpose(0, 1).float()
 
 
+def _rows(kv_heads, length, head_dim):
+    """Random keys or values [Hkv, L, D], L rounded up to a multiple of 64 (of every block size tested)"""
+    return torch.randn(kv_heads, -(-length // 64) * 64, head_dim)
+
+
+def _identity_pools(k, v, block):
+    """Rows k, v [Hkv, L, D] viewed in place as pools [L // block, Hkv, block, D] (general strides), read back in
+    order by the identity table"""
+    def view(rows):
+        return rows.unflatten(1, (rows.shape[1] // block, block)).transpose(0, 1)
+
+    return view(k), view(v), torch.arange(k.shape[1] // block)
+
+
+def _shuffled_pools(k, v, block, spare=5, pad=0, seed=0):
+    """The blocks of rows k, v [Hkv, L, D] scattered in a random order through fresh pools, among `spare` blocks of
+    garbage (large finite values) that no table entry names; `pad` features of garbage after each row's D (a
+    position stride past D). Returns the pools and the table that reads k, v back."""
+    g = torch.Generator().manual_seed(seed)
+    kv_heads, length, d = k.shape
+    used = length // block
+    table = torch.randperm(used + spare, generator=g)[:used]
+
+    def pool(rows):
+        p = torch.randn(used + spare, kv_heads, block, d + pad, generator=g) * 1e30
+        p[table, ..., :d] = rows.unflatten(1, (used, block)).transpose(0, 1)
+        return p[..., :d]
+
+    return pool(k), pool(v), table
+
+
+def _gather(pool, table, end):
+    """A sequence's rows 0..end-1 [Hkv, end, D] out of a pool through its block table"""
+    blocks = table[: -(-end // pool.shape[2])]
+    return pool[blocks].transpose(0, 1).flatten(1, 2)[:, :end]
+
+
 @pytest.mark.parametrize(("n", "start", "heads", "kv_heads", "head_dim"), [
     (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (200, 0, 9, 3, 64), (50, 93, 9, 3, 64),  # SmolLM2's shape
     (1, 300, 9, 3, 64), (70, 20, 4, 4, 128), (33, 5, 14, 2, 64), (40, 3, 8, 1, 256),  # no GQA; a group of 7; D 256
 ])
 def test_close_to_attention_over_the_bf16_rounded_inputs(n, start, heads, kv_heads, head_dim):
-    """What is left is P's rounding to bf16 (8 bits): well under 1 % of the output."""
+    """What is left is P's rounding to bf16 (8 bits): well under 1 % of the output. Through a shuffled table of
+    16-position blocks, where each 32-key block of P.V spans two pool blocks."""
     torch.manual_seed(0)
     q = torch.randn(n, heads, head_dim)
-    k, v = torch.randn(kv_heads, start + n + 7, head_dim), torch.randn(kv_heads, start + n + 7, head_dim)
-    got, ref = _kernel(q, k, v, start), _reference(q, k, v, start)
+    k, v = _rows(kv_heads, start + n + 7, head_dim), _rows(kv_heads, start + n + 7, head_dim)
+    got, ref = _kernel(q, *_shuffled_pools(k, v, 16), start), _reference(q, k, v, start)
     assert (got - ref).norm() / ref.norm() < 4e-3
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
@@ -54,42 +93,78 @@ def test_close_to_attention_over_the_bf16_rounded_inputs(n, start, heads, kv_hea
 def test_a_query_gives_the_same_bits_in_any_chunk_after_any_prefix():
     torch.manual_seed(0)
     n = 181
-    q, k, v = torch.randn(n, 9, 64), torch.randn(3, n, 64), torch.randn(3, n, 64)
-    whole = _kernel(q, k, v, 0)
+    q, k, v = torch.randn(n, 9, 64), _rows(3, n, 64), _rows(3, n, 64)
+    kp, vp, table = _shuffled_pools(k, v, 16)
+    whole = _kernel(q, kp, vp, table, 0)
     for start, end in [(0, 1), (0, 50), (50, 51), (50, 181), (17, 100), (31, 33), (180, 181)]:
-        assert torch.equal(_kernel(q[start:end], k, v, start), whole[start:end]), (start, end)
+        assert torch.equal(_kernel(q[start:end], kp, vp, table, start), whole[start:end]), (start, end)
 
 
-def test_a_decode_step_writes_its_key_and_value_and_gives_the_prefills_bits():
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize(("n", "start", "heads", "kv_heads", "head_dim", "pad"), [
+    (181, 0, 9, 3, 64, 0), (50, 93, 9, 3, 64, 16),  # a group of 3; a position stride past D
+    (33, 130, 14, 2, 128, 0), (1, 255, 7, 1, 64, 0),  # a group of 7, head_dim 128; one query at a block's end
+])
+def test_a_shuffled_block_table_gives_the_bits_of_the_contiguous_layout(n, start, heads, kv_heads, head_dim, pad,
+                                                                        block):
+    """Where the blocks lie in the pool, and what the blocks no table names hold, change no bit."""
     torch.manual_seed(0)
-    positions = torch.tensor([0, 31, 32, 40, 63, 150, 199])  # either side of 32-key blocks, the cache's end
-    b = len(positions)
+    q = torch.randn(n, heads, head_dim)
+    k, v = _rows(kv_heads, start + n, head_dim), _rows(kv_heads, start + n, head_dim)
+    contiguous = _kernel(q, *_identity_pools(k, v, block), start)
+    assert torch.equal(_kernel(q, *_shuffled_pools(k, v, block, pad=pad), start), contiguous)
+
+
+@pytest.mark.parametrize("block", [16, 32, 64])
+def test_a_decode_step_writes_its_key_and_value_and_gives_the_prefills_bits(block):
+    torch.manual_seed(0)
+    positions = torch.tensor([0, 31, 32, 40, 63, 150, 191])  # either side of 32-key blocks, the table's end
+    b, length = len(positions), 192
     q, k, v = torch.randn(b, 9, 64), torch.randn(b, 3, 64), torch.randn(b, 3, 64)
-    k_cache, v_cache = torch.randn(b + 1, 3, 200, 64), torch.randn(b + 1, 3, 200, 64)
-    for row, p in enumerate(positions.tolist()):  # what a slot holds past its position never reaches the output
-        k_cache[row, :, p + 1 :], v_cache[row, :, p + 1 :] = float("nan"), float("nan")
-    untouched = k_cache[b].clone()
-    out = decode_attention(q, k, v, k_cache, v_cache, positions, bf16=True)
-    assert torch.equal(k_cache[b], untouched) and not out.isnan().any()
+    # b + 1 sequences' blocks (the last has no row) in one pool, the tables' rows a slice of a wider tensor
+    k_pool, v_pool, table = _shuffled_pools(torch.randn(3, (b + 1) * length, 64), torch.randn(3, (b + 1) * length, 64),
+                                            block)
+    tables = torch.full((b + 1, length // block + 2), -1)
+    tables[:, : length // block] = table.reshape(b + 1, -1)
+    tables = tables[:, : length // block]
+    for row, p in enumerate(positions.tolist()):  # what a row's blocks hold past its position never reaches the output
+        past = torch.arange(p + 1, length)
+        k_pool[tables[row, past // block], :, past % block] = float("nan")
+        v_pool[tables[row, past // block], :, past % block] = float("nan")
+    expected_k, expected_v = k_pool.clone(), v_pool.clone()
     for row, p in enumerate(positions.tolist()):
-        assert torch.equal(k_cache[row, :, p], k[row]) and torch.equal(v_cache[row, :, p], v[row])
+        expected_k[tables[row, p // block], :, p % block] = k[row]
+        expected_v[tables[row, p // block], :, p % block] = v[row]
+    out = decode_attention(q, k, v, k_pool, v_pool, tables, positions, bf16=True)
+    assert not out.isnan().any()
+    # each row's key and value at its position, nothing else written (the last sequence's blocks, the garbage)
+    torch.testing.assert_close(k_pool, expected_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_pool, expected_v, rtol=0, atol=0, equal_nan=True)
+    for row, p in enumerate(positions.tolist()):
         queries = torch.randn(p + 1, 9, 64)
-        queries[p] = q[row]  # the prefill of the whole slot, this row's query last
-        assert torch.equal(_kernel(queries, k_cache[row], v_cache[row], 0)[p], out[row]), row
-        assert torch.equal(_kernel(q[row : row + 1], k_cache[row], v_cache[row], p)[0], out[row]), row
-        torch.testing.assert_close(out[row], _reference(q[row : row + 1], k_cache[row], v_cache[row], p)[0],
-                                   rtol=2e-2, atol=2e-2)
+        queries[p] = q[row]  # the prefill of the whole sequence, this row's query last
+        assert torch.equal(_kernel(queries, k_pool, v_pool, tables[row], 0)[p], out[row]), row
+        assert torch.equal(_kernel(q[row : row + 1], k_pool, v_pool, tables[row], p)[0], out[row]), row
+        ref = _reference(q[row : row + 1], _gather(k_pool, tables[row], p + 1), _gather(v_pool, tables[row], p + 1), p)
+        torch.testing.assert_close(out[row], ref[0], rtol=2e-2, atol=2e-2)
 
 
 def test_bad_shapes_are_refused():
+    k_pool, v_pool, table = _shuffled_pools(torch.randn(3, 64, 64), torch.randn(3, 64, 64), 16)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        _kernel(torch.randn(4, 4, 48), torch.randn(2, 4, 48), torch.randn(2, 4, 48), 0)
-    with pytest.raises(RuntimeError, match="keys 0..start"):
-        _kernel(torch.randn(4, 3, 64), torch.randn(1, 5, 64), torch.randn(1, 5, 64), 2)
+        _kernel(torch.randn(4, 9, 48), k_pool[..., :48], v_pool[..., :48], table, 0)
+    with pytest.raises(RuntimeError, match="covering keys"):
+        _kernel(torch.randn(4, 9, 64), k_pool, v_pool, table[:2], 30)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        _kernel(torch.randn(4, 9, 64), k_pool, v_pool, torch.tensor([k_pool.shape[0]]), 0)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        _kernel(torch.randn(4, 9, 64), k_pool[:, :, :8], v_pool[:, :, :8], table, 0)
     q, k, v = torch.randn(2, 9, 64), torch.randn(2, 3, 64), torch.randn(2, 3, 64)
-    caches = torch.randn(2, 3, 16, 64), torch.randn(2, 3, 16, 64)
-    with pytest.raises(RuntimeError, match="outside the cache"):
-        decode_attention(q, k, v, *caches, torch.tensor([3, 16]), bf16=True)
+    tables = table.reshape(2, 2)
+    with pytest.raises(RuntimeError, match="outside its block table"):
+        decode_attention(q, k, v, k_pool, v_pool, tables, torch.tensor([3, 32]), bf16=True)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        decode_attention(q, k, v, k_pool, v_pool, torch.tensor([[0, 1], [-1, 2]]), torch.tensor([3, 5]), bf16=True)
 
 
 def test_only_for_bf16_weights_and_not_when_fp32_attention_is_asked(monkeypatch):

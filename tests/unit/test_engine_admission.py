@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine.core.slots import BLOCK_TOKENS, blocks
+from engine.core.slots import BLOCK_TOKENS, SlotTable
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 
@@ -28,26 +28,32 @@ def long_run(n: int, max_tokens: int, seed: int = 3) -> SamplingParams:
 
 
 def with_budget(core, tokens: int) -> Run:
+    """The scheduler's KV pool limited to `tokens` positions."""
     scheduler = core.scheduler
-    scheduler.kv_budget = scheduler.slots.kv_budget = tokens
+    scheduler.slots = SlotTable(core.runner.cache, tokens)
+    scheduler.kv_budget = scheduler.slots.kv_budget
     scheduler.stats.kv_budget = scheduler.slots.budget_blocks
     return Run(core)
 
 
 def written_blocks(slots) -> int:
-    """Blocks that hold K/V now: every decoding row's, and the row being prefilled."""
+    """Blocks that hold K/V now: every decoding row's, and the row being prefilled, each counted once."""
     rows = list(slots.decoding) + (slots.prefilling.sequences[:1] if slots.prefilling is not None else [])
-    return sum(blocks(seq.kv_len) for seq in rows)
+    return len({block for seq in rows for block in seq.blocks})
 
 
 def until_done_within_budget(run: Run, max_steps: int = 2000) -> None:
-    """Step to the end, checking after every step that the K/V written never passes the budget."""
+    """Step to the end, checking after every step that the blocks held never pass the budget, that the pool's
+    count is the rows' own, and at the end that every block came back."""
     slots = run.sched.scheduler.slots
     for _ in range(max_steps):
         if not run.sched.scheduler.has_work():
+            assert slots.pool.used == 0 and slots.pool.available == slots.budget_blocks
             return
         run.step()
-        assert written_blocks(slots) <= slots.budget_blocks
+        assert written_blocks(slots) == slots.pool.used <= slots.budget_blocks
+        for seq in slots.decoding:
+            assert len(seq.blocks) * BLOCK_TOKENS >= seq.kv_len
     raise AssertionError("scheduler did not finish")
 
 
@@ -134,7 +140,8 @@ def test_a_small_request_goes_past_a_waiting_one_that_does_not_fit_yet(make_sche
     run = with_budget(make_scheduler(), 20 * BLOCK_TOKENS)
     run.add("a", prompt, long_run(2, 30))
     run.step()
-    run.add("waiting", prompt, long_run(4, 30))  # four copies of the prompt: room only once "a" ends
+    long_prompt = prompt * 6  # 14 blocks and a block of growth for each of 3 rows: room only once "a" ends
+    run.add("waiting", long_prompt, long_run(1, 30))
     run.add("small", prompt, long_run(1, 8))
     assert steps_until_first_token(run, "small") <= 2
     assert not run.outputs["waiting"]

@@ -38,20 +38,24 @@ def prompts(real_engine) -> list[list[int]]:
     return [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
 
 
-def scheduler(real_engine, adapters, slots: int = 8):
-    from engine.core.engine_core import EngineCore
+def lora_runner(real_engine, adapters, slots: int = 8):
+    """A runner of its own over the session decoder (each slot owns its blocks: no scheduler hands them out)."""
     from engine.runner.model_runner import ModelRunner
 
-    runner = ModelRunner(real_engine.runner.decoder, slots, 256, adapters)
-    return EngineCore(runner, real_engine.sampler, real_engine.tokenizer)
+    return ModelRunner(real_engine.runner.decoder, slots, 256, adapters)
+
+
+def scheduler(real_engine, adapters, slots: int = 8):
+    from engine.core.engine_core import EngineCore
+
+    return EngineCore(lora_runner(real_engine, adapters, slots), real_engine.sampler, real_engine.tokenizer)
 
 
 def test_adapter_logits_match_peft_merged_over_the_whole_prompt(real_engine, lora_adapters, merged_model, prompts):
     ids = prompts[0]
     with torch.inference_mode():
         ref = merged_model(input_ids=torch.tensor([ids])).logits[0].float()
-    sched = scheduler(real_engine, lora_adapters, slots=1)
-    fwd = sched.runner
+    fwd = lora_runner(real_engine, lora_adapters, slots=1)
     # one chunk: the whole prompt on the adapter
     whole = fwd.prefill(0, ids, 0, adapter="pirate")
     torch.testing.assert_close(whole, ref[-1], atol=2e-4, rtol=2e-4)
@@ -86,7 +90,7 @@ def test_adapter_rows_logits_are_the_same_bits_alone_and_in_a_mixed_batch(real_e
     """With our CPU kernels every op of the forward is per row, the LoRA delta included (kernels/lora_add.cpp)."""
     from engine.model import cpu_kernels
 
-    fwd = scheduler(real_engine, lora_adapters, slots=4).runner
+    fwd = lora_runner(real_engine, lora_adapters, slots=4)
     decoder = fwd.decoder
     if not (cpu_kernels.available() and decoder.native_attention and decoder.ops.native):
         pytest.skip("our CPU kernels do not run this model here")

@@ -1,90 +1,64 @@
-"""KV cache memory on the host: a released slot reads zeros again; its pages stay resident, zeroed, within the
-resident budget (the engine's KV budget), so the next prompt there takes no page faults, and go back to the OS
-beyond it."""
+"""The paged KV cache (engine.model.kv_cache): positions land in the block and offset their table says, a gather
+reads them back in position order whatever blocks hold them, and on the host a pool sized for a whole profile costs
+memory only where blocks have been written."""
 
 from __future__ import annotations
-
-import resource
 
 import psutil
 import torch
 
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import NULL_BLOCK, KVCache
 
 
-def _cache() -> KVCache:
-    return KVCache(layers=4, slots=3, kv_heads=2, max_len=8192, head_dim=64, dtype=torch.float32, device="cpu")
+def _cache(**kw) -> KVCache:
+    return KVCache(layers=2, slots=3, kv_heads=2, max_len=64, head_dim=8, dtype=torch.float32, device="cpu", **kw)
 
 
-def test_release_keeps_the_first_positions_and_zeroes_the_rest():
+def test_a_new_cache_gives_each_slot_its_own_blocks_until_a_scheduler_clears_the_tables():
     cache = _cache()
-    cache.k.fill_(1.5)
-    cache.v.fill_(-2.0)
-    cache.release(1, keep=100)  # 100 positions of 256 bytes: the page holding position 99 stays
-    assert bool((cache.k[:, 1, :, :100] == 1.5).all() and (cache.v[:, 1, :, :100] == -2.0).all())
-    assert bool((cache.k[:, 1, :, 112:] == 0).all() and (cache.v[:, 1, :, 112:] == 0).all())
-    for other in (0, 2):
-        assert bool((cache.k[:, other] == 1.5).all() and (cache.v[:, other] == -2.0).all())
-    cache.release(2)
-    assert bool((cache.k[:, 2] == 0).all() and (cache.v[:, 2] == 0).all())
+    assert cache.num_blocks == 3 * 4 + 1 and cache.max_blocks == 4
+    owned = cache.rows.flatten().tolist()
+    assert sorted(owned) == list(range(1, 13))  # every block once, none the null block
+    cache.clear_tables()
+    assert not cache.rows.any()
+    small = _cache(num_blocks=5)  # too few for every slot's context: no slot owns any block yet
+    assert small.k.shape[1] == 5 and (small.rows == NULL_BLOCK).all()
 
 
-def test_released_memory_leaves_the_process():
+def test_writes_land_where_the_table_says_and_a_gather_reads_them_back_in_order():
+    cache = _cache()
+    cache.clear_tables()
+    cache.rows[1, :3] = [9, 2, 5]  # slot 1's positions 0..47 in scattered blocks
+    positions = torch.arange(40)
+    k = torch.randn(40, 2, 8)
+    v = torch.randn(40, 2, 8)
+    block, offset = cache.locate(cache.tables[1], positions)
+    assert block.tolist() == [9] * 16 + [2] * 16 + [5] * 8 and offset.tolist() == list(range(16)) * 2 + list(range(8))
+    cache.write(1, block, offset, k, v)
+    assert torch.equal(cache.k[1, 2, :, 3], k[19])  # position 19: block 2, offset 3
+    keys, values = cache.gather(1, cache.tables[[1]], 40)
+    assert torch.equal(keys[0], k.transpose(0, 1)) and torch.equal(values[0], v.transpose(0, 1))
+    rows = cache.tables[[1, 1]]  # a table per position: the same answer
+    assert torch.equal(cache.locate(rows, torch.tensor([19, 33]))[0], torch.tensor([2, 5]))
+
+
+def test_copy_block_copies_every_layer():
+    cache = _cache()
+    cache.k.normal_()
+    cache.v.normal_()
+    cache.copy_block(4, 7)
+    assert torch.equal(cache.k[:, 7], cache.k[:, 4]) and torch.equal(cache.v[:, 7], cache.v[:, 4])
+
+
+def test_a_pool_costs_memory_only_where_blocks_are_written():
     process = psutil.Process()
-    cache = _cache()
-    slot_mb = 2 * 4 * 2 * 8192 * 64 * 4 / 2**20  # 32 MB
-    cache.k[:, 0] = 1.0
-    cache.v[:, 0] = 1.0  # resident now (fresh pages, or heap pages calloc reused and zeroed)
-    filled = process.memory_info().rss / 2**20
-    cache.release(0)
-    assert filled - process.memory_info().rss / 2**20 > 0.8 * slot_mb
-    cache.k[:, 1] = 1.0
-    cache.release_all()
-    assert bool((cache.k == 0).all() and (cache.v == 0).all())
-
-
-def _fill(cache: KVCache, slot: int, end: int, value: float) -> None:
-    cache.mark(slot, end)
-    cache.k[:, slot, :, :end] = value
-    cache.v[:, slot, :, :end] = value
-
-
-def _faults_filling(cache: KVCache, slot: int, end: int) -> int:
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    _fill(cache, slot, end, 3.0)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-
-def test_within_the_budget_a_freed_slot_is_zeroed_in_place_and_refills_without_page_faults():
-    process = psutil.Process()
-    cache = _cache()
-    pages = 2 * 4 * 2 * 4096 * 64 * 4 // 4096  # 4,096 positions of slot 0: 2,048 pages
-    cache.release(0)  # no budget: slot 0's pages go back to the OS (calloc may have handed over mapped ones)
-    assert _faults_filling(cache, 0, 4096) > 0.9 * pages  # so the first fill faults every page in
-    cache.resident_budget = 3 * 8192
-    filled = process.memory_info().rss
-    cache.release(0, keep=1000)
-    assert bool((cache.k[:, 0, :, :1000] == 3.0).all() and (cache.k[:, 0, :, 1000:] == 0).all())
-    assert bool((cache.v[:, 0, :, 1000:] == 0).all())
-    cache.release_all()
-    assert bool((cache.k == 0).all() and (cache.v == 0).all())
-    assert filled - process.memory_info().rss < 0.1 * pages * 4096  # still resident
-    assert _faults_filling(cache, 0, 4096) < 0.05 * pages  # the next prompt writes to mapped pages
-    cache.resident_budget = 0  # without the budget, as before: the pages go back and fault in again
-    cache.release(0)
-    assert _faults_filling(cache, 0, 4096) > 0.9 * pages
-
-
-def test_past_the_budget_freed_pages_go_back():
-    process = psutil.Process()
-    cache = _cache()
-    cache.resident_budget = 6000
-    _fill(cache, 0, 4096, 1.0)
-    _fill(cache, 1, 4096, 1.0)  # 8,192 resident positions, over the budget
-    filled = process.memory_info().rss
-    cache.release(1)
-    slot_mb = 2 * 4 * 2 * 4096 * 64 * 4 / 2**20  # 16 MB
-    assert filled - process.memory_info().rss > 0.8 * slot_mb * 2**20
-    assert bool((cache.k[:, 1] == 0).all()) and cache.resident[1] == 0
-    cache.release(0)  # 4,096 resident now: within the budget, kept
-    assert cache.resident[0] == 4096 and bool((cache.k[:, 0] == 0).all())
+    before = process.memory_info().rss
+    cache = KVCache(layers=4, slots=64, kv_heads=2, max_len=8192, head_dim=64, dtype=torch.float32, device="cpu")
+    virtual = cache.k.numel() * 4 * 2
+    assert virtual > 2**30  # 2 GiB of K/V for 64 slots of 8k positions
+    assert process.memory_info().rss - before < 64 * 2**20
+    cache.k[:, 1:65] = 1.0  # 64 blocks written
+    cache.v[:, 1:65] = 1.0
+    grown = process.memory_info().rss - before
+    written = 2 * 4 * 64 * 2 * 16 * 64 * 4  # 4 MiB
+    assert written * 0.8 < grown < written + 64 * 2**20

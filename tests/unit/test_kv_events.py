@@ -75,14 +75,15 @@ def test_evicted_blocks_are_removed_by_the_hashes_they_were_stored_under(make_sc
     removed = [h for e in events if isinstance(e, vllm.BlockRemoved) for h in e.block_hashes]
     assert removed and set(removed) <= stored
     held = stored - set(removed)
-    assert len(held) <= 4 and held == set(core.scheduler.prefix_cache.blocks)
+    assert len(held) <= 4 and held == set(core.scheduler.prefix_cache.entries)
 
 
 def test_keys_and_salt_are_stable_across_processes_and_named_in_extra_keys(make_scheduler, real_engine):
     """A router that restarts, or another replica, must read the same key for the same block and salt."""
+    from engine.core.block_pool import BlockPool
     from engine.core.prefix_cache import PrefixCache
 
-    cache = PrefixCache(make_scheduler().runner.cache, 256)
+    cache = PrefixCache(BlockPool(16), 256)
     tokens = list(range(100, 140))
     here = [key for key, _, _ in cache._chain(tokens, ("pirate", None, "tenant-a"), len(tokens))]
     script = ("import sys; from engine.core.prefix_cache import PrefixCache\n"

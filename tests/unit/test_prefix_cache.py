@@ -1,5 +1,6 @@
 """Automatic prefix caching: exact (same tokens with or without a hit), safe (only identical token
-sequences under the same adapter and image inputs share K/V) and bounded (LRU within its budget)."""
+sequences under the same adapter and image inputs share K/V), copy-free (a hit holds the cached blocks) and
+bounded (LRU within its capacity, idle blocks yielding to running requests)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import copy
 import pytest
 import torch
 
+from engine.core.block_pool import BlockPool
 from engine.core.prefix_cache import PrefixCache
-from engine.core.slots import blocks
-from engine.model.kv_cache import KVCache
 from engine.sampling_params import SamplingParams
 
 from .engine_run import Run, greedy
@@ -39,9 +39,10 @@ def cached_scheduler(real_engine):
     from engine.core.engine_core import EngineCore
     from engine.runner.model_runner import ModelRunner
 
-    def make(capacity: int = 4096, slots: int = 8):
+    def make(capacity: int = 4096, slots: int = 8, budget: int | None = None):
         runner = ModelRunner(real_engine.runner.decoder, slots, 512)
-        return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, prefix_cache_tokens=capacity)
+        return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, kv_budget_tokens=budget,
+                          prefix_cache_tokens=capacity)
 
     return make
 
@@ -155,59 +156,37 @@ def test_image_inputs_salt_the_key(make_scheduler):
     assert salts[0] == salts[1] != salts[2]
 
 
-def test_lru_eviction_stays_within_the_budget(cached_scheduler, turns):
+def test_lru_eviction_stays_within_the_capacity_and_takes_a_chain_s_tail_first(cached_scheduler, turns):
     sched = cached_scheduler(capacity=64)  # 4 blocks of 16 tokens, fewer than one prompt has
     cache = sched.scheduler.prefix_cache
     run_one(sched, "a", turns["a"], greedy(1))
-    assert len(cache.blocks) == 4 and not cache.free
-    # a long prompt keeps its first blocks (it never evicts its own chain's root)
-    assert len(cache.lookup(turns["c"], (None, None, None), touch=False)) == 4
+    assert len(cache.entries) == 4
+    assert len(cache.lookup(turns["c"], (None, None, None), touch=False)) == 4  # the shared history's first blocks
     run_one(sched, "o", turns["other"], greedy(1))  # an unrelated prompt: the least recently used go
-    assert len(cache.blocks) == 4
+    assert len(cache.entries) == 4
     assert cache.lookup(turns["other"], (None, None, None), touch=False)
-    assert not cache.lookup(turns["a"], (None, None, None), touch=False)
+    kept = len(cache.lookup(turns["a"], (None, None, None), touch=False))
+    assert 0 < kept < 4  # its tail went first: what stays is still a prefix a prompt can start with
 
 
-def _random_kv_and_pool(decoder) -> tuple[KVCache, PrefixCache]:
-    """A 2-slot cache of random K/V and a pool of 8 blocks of 8 tokens over it."""
-    kv = KVCache(2, 2, decoder.n_kv, 64, decoder.head_dim, torch.float32, "cpu")
-    kv.k.normal_()
-    kv.v.normal_()
-    return kv, PrefixCache(kv, capacity_tokens=64, block_tokens=8)
-
-
-def test_pool_round_trip_is_exact(real_engine):
-    kv, cache = _random_kv_and_pool(real_engine.runner.decoder)
-    tokens = list(range(100, 140))
-    cache.store(tokens, None, slot=0, length=33)  # 4 full blocks of 8
-    rows = cache.lookup(tokens, None)
-    assert len(rows) == 4
-    assert cache.load(rows, slot=1) == 32
-    torch.testing.assert_close(kv.k[:, 1, :, :32], kv.k[:, 0, :, :32], rtol=0, atol=0)
-    torch.testing.assert_close(kv.v[:, 1, :, :32], kv.v[:, 0, :, :32], rtol=0, atol=0)
-
-
-def test_pool_round_trip_is_exact_when_the_blocks_sit_in_scattered_rows(real_engine):
-    """Copies go by runs of consecutive rows; an evicted-and-reused pool hands out rows in any order."""
-    kv, cache = _random_kv_and_pool(real_engine.runner.decoder)
-    cache.free = [2, 7, 3, 6, 1, 0, 5, 4]  # popped from the end: rows 4, 5, 0, 1, 6, 3 (runs 4-5 and 0-1)
-    tokens = list(range(200, 260))
-    cache.store(tokens, None, slot=0, length=49)
-    rows = cache.lookup(tokens, None)
-    assert rows == [4, 5, 0, 1, 6, 3]
-    assert cache.load(rows, slot=1) == 48
-    torch.testing.assert_close(kv.k[:, 1, :, :48], kv.k[:, 0, :, :48], rtol=0, atol=0)
-    torch.testing.assert_close(kv.v[:, 1, :, :48], kv.v[:, 0, :, :48], rtol=0, atol=0)
-    # the pool's own layout: block 2 of slot 0 (positions 16-23) sits in row 0
-    torch.testing.assert_close(cache.k[:, 0], kv.k[:, 0, :, 16:24], rtol=0, atol=0)
-
-
-def test_runs_group_blocks_whose_numbers_and_rows_both_go_up_by_one():
-    from engine.core.prefix_cache import _runs
-
-    assert _runs([(0, 4), (1, 5), (2, 6), (3, 2), (4, 3), (5, 9)]) == [(0, 4, 3), (3, 2, 2), (5, 9, 1)]
-    assert _runs([(0, 7), (1, 6)]) == [(0, 7, 1), (1, 6, 1)]
-    assert _runs([]) == []
+def test_a_hit_holds_the_cached_blocks_themselves(cached_scheduler, turns):
+    """A hit copies nothing: the new request's block table starts with the very blocks the first request's K/V
+    were written to, each held once more while it runs, and they are the pool's again once it ends."""
+    sched = cached_scheduler()
+    scheduler = sched.scheduler
+    run_one(sched, "a", turns["a"], greedy(2))
+    cached = scheduler.prefix_cache.lookup(turns["b"], (None, None, None), touch=False)
+    assert cached
+    run = Run(sched)
+    run.add("b", turns["b"], greedy(8, ignore_eos=True))
+    run.step()
+    (row,) = scheduler.slots.decoding
+    assert row.blocks[: len(cached)] == cached
+    assert list(scheduler.slots.cache.rows[row.slot, : len(cached)]) == cached
+    assert all(scheduler.slots.pool.refs[b] == 1 for b in cached)
+    run.until_done()
+    assert scheduler.slots.pool.used == 0 and all(scheduler.slots.pool.refs[b] == 0 for b in cached)
+    assert run.final("b").cached_tokens == len(cached) * 16
 
 
 @pytest.mark.parametrize("together", [1, 2], ids=["alone", "batched"])
@@ -233,50 +212,50 @@ def test_a_prompt_is_stored_after_its_first_token_is_out(cached_scheduler, turns
     assert again.final("again").cached_tokens > 0
 
 
-def test_shrink_evicts_the_least_recently_used_gives_their_pages_back_and_says_so(real_engine):
-    """The pool yields to running requests: past the allowance the oldest blocks go (BlockRemoved), their rows are
-    free again and, on the host, read as zeros (their pages went back to the OS)."""
-    decoder = real_engine.runner.decoder
-    kv = KVCache(2, 2, decoder.n_kv, 64, decoder.head_dim, torch.float32, "cpu")
-    kv.k.normal_()
-    kv.v.normal_()
-    cache = PrefixCache(kv, capacity_tokens=96, block_tokens=16)  # 6 rows
+def test_idle_cached_blocks_are_reused_least_recently_used_first_and_removed_by_their_hashes():
+    """A cached block no sequence holds is room: the pool takes its free blocks first, then the least recently used
+    idle one, which the cache forgets with a BlockRemoved under the hash it was stored with."""
+    pool = BlockPool(8)
+    cache = PrefixCache(pool, capacity_tokens=8 * 16, block_tokens=16)
     cache.events = []
     first, second = list(range(100, 149)), list(range(300, 349))  # a lookup leaves the last token to prefill
-    cache.store(first, None, slot=0, length=48)  # 3 blocks of 16
-    cache.store(second, None, slot=1, length=48)
-    old_rows = cache.lookup(first, None, touch=False)
-    cache.lookup(second, None)  # the second is the most recently used
-    cache.shrink(3)
-    assert len(cache.blocks) == 3 and cache.allowance == 3
-    assert cache.lookup(first, None, touch=False) == [] and len(cache.lookup(second, None, touch=False)) == 3
-    assert [e["type"] for e in cache.events] == ["BlockStored", "BlockStored", "BlockRemoved"]
-    assert len(cache.events[-1]["block_hashes"]) == 3
-    assert all(not cache.k[:, row].any() and not cache.v[:, row].any() for row in old_rows)
-    cache.store(first, None, slot=0, length=48)  # full: a store takes the least recently used rows
-    assert len(cache.blocks) == 3 and len(cache.lookup(first, None, touch=False)) == 3
+    held = {}
+    for name, tokens in (("first", first), ("second", second)):
+        held[name] = [pool.take() for _ in range(3)]
+        cache.store(tokens, None, held[name], length=48)  # 3 full blocks of 16
+    assert [e["type"] for e in cache.events] == ["BlockStored", "BlockStored"]
+    for name in ("first", "second"):
+        for block in reversed(held[name]):
+            pool.release(block)
+    assert pool.used == 0 and pool.available == 8 and len(pool.idle) == 6
+    assert cache.lookup(second, None) == held["second"]  # a hit: the second is the most recently used
+    taken = [pool.take() for _ in range(3)]  # two free blocks, then the first chain's tail
+    assert taken[2] == held["first"][2] and len(cache.entries) == 5
+    assert cache.events[-1]["type"] == "BlockRemoved"
+    assert cache.events[-1]["block_hashes"] == [cache.events[0]["block_hashes"][2]]
+    assert cache.lookup(first, None, touch=False) == held["first"][:2]
+    pool.hold(held["second"][0])  # a cached block in use again is not room
+    assert pool.available == 4 and held["second"][0] not in pool.idle
 
 
 def test_the_prefix_cache_holds_only_what_running_requests_leave(cached_scheduler, turns):
-    """One KV memory: after every step the running rows' blocks plus the prefix cache's fit the budget, and the
-    prefix cache keeps a finished conversation even when the running rows had filled the memory before it ended."""
-    sched = cached_scheduler(capacity=4096, slots=4)
+    """One KV memory: the running rows' blocks never pass the budget, the cached blocks nobody holds yield to them,
+    and a finished conversation stays cached even when the running rows had filled the memory before it ended."""
+    sched = cached_scheduler(capacity=4096, slots=4, budget=24 * 16)
     scheduler = sched.scheduler
-    scheduler.kv_budget = scheduler.slots.kv_budget = 24 * 16
-    scheduler.stats.kv_budget = scheduler.slots.budget_blocks
     run = Run(sched)
     for rid in ("a", "b", "c", "other"):
         run.add(rid, turns[rid], greedy(40, ignore_eos=True))
     cache = scheduler.prefix_cache
+    slots = scheduler.slots
     for _ in range(500):
         if not scheduler.has_work():
             break
         run.step()
-        slots = scheduler.slots
         rows = list(slots.decoding) + (slots.prefilling.sequences[:1] if slots.prefilling is not None else [])
-        written = sum(blocks(seq.kv_len) for seq in rows)  # blocks holding K/V now
-        assert written + len(cache.blocks) <= slots.budget_blocks
+        held = {block for seq in rows for block in seq.blocks}
+        assert len(held) == slots.pool.used <= slots.budget_blocks
     assert not scheduler.has_work()
-    assert cache.blocks  # the last finished ones stay cached once the memory is free
+    assert cache.entries  # the last finished ones stay cached once the memory is free
     again = run_one(sched, "again", turns["other"], greedy(2, ignore_eos=True))
     assert again.final("again").cached_tokens > 0

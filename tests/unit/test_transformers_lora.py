@@ -182,7 +182,7 @@ def test_smollm2_pirate_adapter_on_the_transformers_path_equals_the_fused_path()
                for impl in ("fused", "transformers")}
     assert type(engines["transformers"].runner.decoder).__name__ == "TransformersDecoder"
     prompt = engines["fused"].encode_prompt(messages=[{"role": "user", "content": "What is the capital of Italy?"}])
-    first = [e.runner.prefill(0, prompt, 0, adapter="pirate") for e in engines.values()]
+    first = [runner(e).prefill(0, prompt, 0, adapter="pirate") for e in engines.values()]
     _close(first[0], first[1])
     tokens = {}
     for impl, eng in engines.items():

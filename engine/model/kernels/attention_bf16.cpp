@@ -1,11 +1,12 @@
 // Causal attention with bf16 products, for the bf16 profile's mixed mode on CPUs with AVX512_BF16, where the
 // activations and the KV cache stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a
-// prefill chunk, a decode step), the same arguments, fp32 in and out. The products run on AMX tiles where the CPU
-// has AMX, on vdpbf16ps otherwise (attention_bf16_products.h).
+// prefill chunk, a decode step), the same arguments (a layer's paged KV pools [num_blocks, Hkv, B, D] and block
+// tables), fp32 in and out. The products run on AMX tiles where the CPU has AMX, on vdpbf16ps otherwise
+// (attention_bf16_products.h).
 //
 // Why: in a bf16 prefill the linears run at bf16's rate and the fp32 attention kernel became half the time (330 of
 // 620 ms on a 1.5k-token prompt, 2-core Xeon; 530 of 1,600 ms on the AVX-512 EPYC). Here Q.K^T and P.V multiply
-// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from the fp32 cache, and P,
+// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from the fp32 pool, and P,
 // an fp32 softmax's exps, is rounded before it multiplies V; every product adds into fp32.
 //
 // The guarantees of causal_attention.cpp hold: a query's output depends only on its own q and keys 0..its position,
@@ -13,7 +14,9 @@
 // sum) in 4 x 16 fixed lanes from key 0; each output over 32-key blocks from key 0, blocks past the row's position
 // adding exact zeros. Other rows never enter a row's chain, so a prefix-cache hit gives the same bits as a miss, a
 // prompt the same bits whatever its chunking or batch, and a decode step the bits a prefill gives (a decode row
-// goes through the same blocks).
+// goes through the same blocks). Keys and values are read through the block table only as they are packed, each
+// 16-key group from its one pool block (B is a multiple of 16), so the packed tiles, and every bit after them, are
+// those of one contiguous row.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -46,44 +49,61 @@ constexpr int64_t kBlockRows = 64;  // a prefill work item's query rows (positio
 // Per-thread scratch (scratch.h)
 enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kCount };
 
+// One sequence's keys (or values) of one KV head in a layer's pool, as causal_attention.cpp's: position p is row
+// p % block of pool block table[p / block], rows pos_stride floats apart.
+struct PagedRows {
+  float* base;           // the pool at the head's row 0 of block 0
+  const int64_t* table;  // the sequence's block table
+  int64_t block, block_stride, pos_stride;
+
+  float* row(int64_t p) const { return base + table[p / block] * block_stride + p % block * pos_stride; }
+  PagedRows head(int64_t offset) const { return {base + offset, table, block, block_stride, pos_stride}; }
+};
+
 // 16 fp32 -> 16 bf16 (nearest even)
 SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
-// Keys 0..keys-1 of one head (rows ld floats apart) as Q.K^T's B tiles: [keys_pad / 16][D / 2][16] dwords, dword
-// (i, j) of a 16-key group the bf16 pair (k[j][2i], k[j][2i + 1]); zero keys up to keys_pad.
-SIE_AMX void pack_keys(const float* k, int64_t ld, int64_t keys, int64_t keys_pad, int64_t D, uint32_t* dst) {
+// Keys first..end-1 of one head (first a multiple of 16; those from `keys` on zero) as Q.K^T's B tiles:
+// [(end - first) / 16][D / 2][16] dwords, dword (i, j) of a 16-key group the bf16 pair (k[j][2i], k[j][2i + 1]).
+SIE_AMX void pack_keys(const PagedRows& k, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
   alignas(64) uint32_t rows[16 * 128];  // 16 keys x D / 2 pairs (D <= 256)
-  for (int64_t first = 0; first < keys_pad; first += 16) {
+  for (int64_t group = first; group < end; group += 16) {
+    const float* src = group < keys ? k.row(group) : nullptr;  // the group's rows, in one pool block
     for (int64_t j = 0; j < 16; ++j) {
       uint32_t* row = rows + j * (D / 2);
-      if (first + j >= keys) {
+      if (group + j >= keys) {
         std::fill(row, row + D / 2, 0u);
         continue;
       }
       for (int64_t d = 0; d < D; d += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2), to_bf16(_mm512_loadu_ps(k + (first + j) * ld + d)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2),
+                            to_bf16(_mm512_loadu_ps(src + j * k.pos_stride + d)));
     }
-    uint32_t* out = dst + first * (D / 2);
+    uint32_t* out = dst + (group - first) * (D / 2);
     for (int64_t i = 0; i < D / 2; i += 16)  // dwords move as floats: the transpose only shuffles bits
       avx512::transpose16x16(reinterpret_cast<const float*>(rows + i), D / 2, reinterpret_cast<float*>(out + i * 16), 16);
   }
 }
 
-// Values 0..keys-1 of one head as P.V's B tiles: [keys_pad / 32][D / 16][16][16] dwords, dword (p, c) of a 32-key
-// block and 16-column group the bf16 pair (v[2p][c], v[2p + 1][c]); zero keys up to keys_pad (P is zero there, and
-// zero times the cache's stale values could be a NaN).
-SIE_AMX void pack_values(const float* v, int64_t ld, int64_t keys, int64_t keys_pad, int64_t D, uint32_t* dst) {
-  for (int64_t first = 0; first < keys_pad; first += kKeyBlock)
+// Values first..end-1 of one head (first a multiple of 32; those from `keys` on zero) as P.V's B tiles:
+// [(end - first) / 32][D / 16][16][16] dwords, dword (p, c) of a 32-key block and 16-column group the bf16 pair
+// (v[2p][c], v[2p + 1][c]); zero keys up to end (P is zero there, and zero times the pool's stale values could be a
+// NaN). A pair lies in one 16-key group; a block's two groups are looked up apart (with B = 16, two pool blocks).
+SIE_AMX void pack_values(const PagedRows& v, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
+  for (int64_t block = first; block < end; block += kKeyBlock) {
+    const float* groups[2] = {block < keys ? v.row(block) : nullptr, block + 16 < keys ? v.row(block + 16) : nullptr};
+    const auto row = [&](int64_t key) { return groups[(key - block) / 16] + (key - block) % 16 * v.pos_stride; };
     for (int64_t c = 0; c < D; c += 16) {
-      uint32_t* tile = dst + (first / kKeyBlock * (D / 16) + c / 16) * 256;
+      uint32_t* tile = dst + ((block - first) / kKeyBlock * (D / 16) + c / 16) * 256;
       for (int64_t p = 0; p < 16; ++p) {
-        const int64_t even = first + 2 * p, odd = even + 1;
-        const __m256i e = even < keys ? to_bf16(_mm512_loadu_ps(v + even * ld + c)) : _mm256_setzero_si256();
-        const __m256i o = odd < keys ? to_bf16(_mm512_loadu_ps(v + odd * ld + c)) : _mm256_setzero_si256();
+        const int64_t even = block + 2 * p, odd = even + 1;
+        const __m256i e = even < keys ? to_bf16(_mm512_loadu_ps(row(even) + c)) : _mm256_setzero_si256();
+        const __m256i o = odd < keys ? to_bf16(_mm512_loadu_ps(row(odd) + c)) : _mm256_setzero_si256();
         const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(e), _mm512_slli_epi32(_mm512_cvtepu16_epi32(o), 16));
         _mm512_storeu_si512(tile + p * 16, pair);
       }
     }
+  }
 }
 
 // One query row, scaled and rounded: dst[D] bf16
@@ -178,35 +198,56 @@ void check_common(const at::Tensor& q, int64_t D) {
   TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_bf16: head_dim a multiple of 32, at most 256");
 }
 
+// k and v: one layer's pools [num_blocks, Hkv, B, D] of fp32, features contiguous, with the same sizes and strides;
+// B a multiple of 16, so no 16-key group crosses a block.
+void check_pools(const char* op, const at::Tensor& k, const at::Tensor& v, int64_t D) {
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(3) == D, op,
+              ": fp32 pools of q's head_dim");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.stride(3) == 1, op,
+              ": k and v pools of the same sizes and strides, features contiguous");
+  TORCH_CHECK(k.size(2) > 0 && k.size(2) % 16 == 0, op, ": positions a block a multiple of 16, not ", k.size(2));
+}
+
+// Entries 0..used-1 of a block table each name a block of the pool.
+void check_entries(const char* op, const int64_t* table, int64_t used, int64_t num_blocks) {
+  for (int64_t j = 0; j < used; ++j)
+    TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, op, ": block table entry ", j, " is ", table[j],
+                ", outside the pool's ", num_blocks, " blocks");
+}
+
 // causal_attention.cpp's causal_attention with bf16 products: q [n, Hq, D] for positions start..start+n-1, k and
-// v [Hkv, >= start+n, D] (the chunk's own keys written) -> [n, Hq, D].
-at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
-                                double scale) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention_bf16: q [n, Hq, D], k/v [Hkv, L, D]");
-  const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(0), keys = start + n;
+// v the layer's pools [num_blocks, Hkv, B, D] (the chunk's own keys written), `table` the sequence's block table
+// (int64, covering keys 0..start+n-1) -> [n, Hq, D].
+at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& table, int64_t start, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
+              "causal_attention_bf16: q [n, Hq, D], k/v pools [num_blocks, Hkv, B, D]");
+  const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(1), block = k.size(2), keys = start + n;
   check_common(q, D);
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(2) == D && v.size(2) == D,
-              "causal_attention_bf16: fp32 k and v of q's head_dim");
-  TORCH_CHECK(hq % hkv == 0 && v.size(0) == hkv, "causal_attention_bf16: query heads a multiple of KV heads");
-  TORCH_CHECK(start >= 0 && k.size(1) >= keys && v.size(1) >= keys, "causal_attention_bf16: keys 0..start+n needed");
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D && k.stride(2) == 1 && v.stride(2) == 1,
-              "causal_attention_bf16: rows of contiguous heads, contiguous features");
+  check_pools("causal_attention_bf16", k, v, D);
+  TORCH_CHECK(hq % hkv == 0, "causal_attention_bf16: query heads a multiple of KV heads");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "causal_attention_bf16: rows of contiguous heads");
+  const int64_t used = (keys + block - 1) / block;
+  TORCH_CHECK(start >= 0 && table.scalar_type() == at::kLong && table.dim() == 1 && table.size(0) >= used,
+              "causal_attention_bf16: an int64 block table covering keys 0..start+n-1");
+  const at::Tensor entries = table.contiguous();
+  check_entries("causal_attention_bf16", entries.data_ptr<int64_t>(), used, k.size(0));
   at::Tensor out = at::empty({n, hq, D}, q.options());
   if (n == 0) return out;
   const int64_t keys_pad = round_up(keys, kKeyBlock), group = hq / hkv;
   const bool amx = has_amx();
+  const PagedRows k_rows{k.data_ptr<float>(), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
+  const PagedRows v_rows{v.data_ptr<float>(), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)};
   // every KV head's keys and values packed once, in 32-key blocks across both cores
   uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, hkv * keys_pad * D / 2);
   uint32_t* vt = scratch<uint32_t>(Scratch::kValues, hkv * keys_pad * D / 2);
   const int64_t blocks = keys_pad / kKeyBlock;
   at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, count = std::min(kKeyBlock, keys - first);
+      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, end = first + kKeyBlock;
       const int64_t offset = g * keys_pad * D / 2 + first * D / 2;
-      pack_keys(k.data_ptr<float>() + g * k.stride(0) + first * k.stride(1), k.stride(1), count, kKeyBlock, D,
-                kt + offset);
-      pack_values(v.data_ptr<float>() + g * v.stride(0) + first * v.stride(1), v.stride(1), count, kKeyBlock, D,
-                  vt + offset);
+      pack_keys(k_rows.head(g * k.stride(1)), first, keys, end, D, kt + offset);
+      pack_values(v_rows.head(g * v.stride(1)), first, keys, end, D, vt + offset);
     }
   });
   const int64_t block_positions = std::max<int64_t>(1, kBlockRows / group);
@@ -235,31 +276,35 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   return out;
 }
 
-// causal_attention.cpp's decode_attention with bf16 products: q [B, Hq, D], the new k and v [B, Hkv, D], the
-// layer's caches [slots, Hkv, L, D] (written at positions[b], then read over 0..positions[b]) -> [B, Hq, D], the
-// bits causal_attention_bf16 gives that query.
+// causal_attention.cpp's decode_attention with bf16 products: q [rows, Hq, D], the new k and v [rows, Hkv, D], the
+// layer's pools [num_blocks, Hkv, B, D] (written at positions[b] through row b's block table tables[b], then read
+// over 0..positions[b]) -> [rows, Hq, D], the bits causal_attention_bf16 gives that query. As there, the position
+// a row writes must be one no other row of the step reads.
 at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& positions,
-                                double scale) {
+                                const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
+                                const at::Tensor& positions, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
-              "decode_attention_bf16: q [B, Hq, D], k/v [B, Hkv, D], caches [slots, Hkv, L, D]");
-  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), len = k_cache.size(2);
+              "decode_attention_bf16: q [rows, Hq, D], k/v [rows, Hkv, D], caches: pools [num_blocks, Hkv, B, D]");
+  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
   check_common(q, D);
-  for (const at::Tensor* t : {&q, &k, &v, &k_cache, &v_cache})
+  for (const at::Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention_bf16: fp32, features contiguous");
-  TORCH_CHECK(k_cache.size(3) == D && hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b &&
-                  v.size(0) == b,
+  check_pools("decode_attention_bf16", k_cache, v_cache, D);
+  TORCH_CHECK(hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b && v.size(0) == b,
               "decode_attention_bf16: query heads a multiple of KV heads, one new key and value per row");
   TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention_bf16: heads contiguous");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
-                  k_cache.size(0) >= b && k_cache.stride(2) == D,
-              "decode_attention_bf16: caches alike, a slot per row");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.size(0) >= b,
+              "decode_attention_bf16: int64 block tables [>= rows, max_blocks], one per row");
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == b,
-              "decode_attention_bf16: int64 positions [B]");
+              "decode_attention_bf16: int64 positions [rows]");
+  const at::Tensor tab = tables.stride(1) == 1 ? tables : tables.contiguous();  // rows may lie any stride apart
   const at::Tensor pos = positions.contiguous();
+  const int64_t* tp = tab.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
-  for (int64_t i = 0; i < b; ++i)
-    TORCH_CHECK(pp[i] >= 0 && pp[i] < len, "decode_attention_bf16: a position outside the cache");
+  for (int64_t i = 0; i < b; ++i) {
+    TORCH_CHECK(pp[i] >= 0 && pp[i] < tab.size(1) * block, "decode_attention_bf16: a position outside its block table");
+    check_entries("decode_attention_bf16", tp + i * tab.stride(0), pp[i] / block + 1, k_cache.size(0));
+  }
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
   const int64_t group = hq / hkv, rows = round_up(group, 16);
@@ -270,14 +315,15 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
     if (amx) load_tile_config();
     for (int64_t w = lo; w < hi; ++w) {
       const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
-      float* kh = kc + row * k_cache.stride(0) + g * k_cache.stride(1);
-      float* vh = vc + row * v_cache.stride(0) + g * v_cache.stride(1);
-      std::copy_n(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh + p * D);
-      std::copy_n(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh + p * D);
+      const int64_t* table = tp + row * tab.stride(0);  // k_cache and v_cache share their strides
+      const PagedRows kh{kc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
+      const PagedRows vh{vc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
+      std::copy_n(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
+      std::copy_n(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
       uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
       uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
-      pack_keys(kh, D, keys, key_end, D, kt);
-      pack_values(vh, D, keys, key_end, D, vt);
+      pack_keys(kh, 0, keys, key_end, D, kt);
+      pack_values(vh, 0, keys, key_end, D, vt);
       uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
       for (int64_t r = 0; r < group; ++r)
         pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
@@ -294,9 +340,9 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sie_kernels, m) {
-  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, int start, float scale) -> Tensor");
+  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor table, int start, float scale) -> Tensor");
   m.impl("causal_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(causal_attention_bf16));
   m.def("decode_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor positions, float scale) -> Tensor");
+        "Tensor tables, Tensor positions, float scale) -> Tensor");
   m.impl("decode_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(decode_attention_bf16));
 }

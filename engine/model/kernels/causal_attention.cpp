@@ -1,9 +1,11 @@
-// Causal attention on the CPU, fp32, GQA, for our two shapes of call:
+// Causal attention on the CPU, fp32, GQA, over a layer's paged KV cache: one pool of fixed-size blocks
+// [num_blocks, Hkv, B, D] (B positions a block, a multiple of 16) for every sequence, a sequence's positions
+// j*B..j*B+B-1 in the pool block that entry j of its block table names. Our two shapes of call:
 // - causal_attention: one sequence's prefill chunk, out[n, Hq, D] for queries at positions start..start+n-1
-//   against keys and values 0..start+n-1 (the chunk's own, written to the cache before the call, and any cached
-//   prefix);
+//   against keys and values 0..start+n-1 (the chunk's own, written to the pool before the call, and any cached
+//   prefix), read through the sequence's block table;
 // - decode_attention: one decode step, a query per row at the row's own position, which first writes the row's
-//   new key and value into its cache slot.
+//   new key and value into its block through the row's table.
 //
 // Why our own: torch's CPU flash attention reached about 190 GFLOP/s on a 1.5k-token prefill (half the GEMM
 // peak), and with a cached prefix the chunk's mask is a tensor it cannot skip blocks with; in decode, SDPA plus the
@@ -17,7 +19,9 @@
 // scores in d order, the max exact, the denominator in 16 fixed lanes, the output in key order (keys past the
 // position add exact zeros). So a prefix-cache hit gives the same bits as a miss, a prompt gives the same bits
 // whatever its chunking or batch, a decode step gives the bits a prefill would, and the AVX-512 and AVX2 variants
-// agree bit for bit.
+// agree bit for bit. Where the blocks lie changes no bit either: a 16-key group the kernels transpose never crosses
+// a block (B is a multiple of 16), and P.V walks V in spans that end where the next row does not follow in memory,
+// each output's chain resuming exactly where the span before left it.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -34,29 +38,54 @@ namespace {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-constexpr int64_t kValueKeys = 128;  // rows of V per span of the prefill's P.V (attend_block)
+constexpr int64_t kValueKeys = 128;  // rows of V per span of the prefill's P.V (attend_block), at most
+
+// One sequence's keys (or values) of one KV head in a layer's pool: position p is row p % block of pool block
+// table[p / block]; rows pos_stride floats apart within a block, blocks block_stride apart in the pool.
+struct PagedRows {
+  float* base;           // the pool at the head's row 0 of block 0
+  const int64_t* table;  // the sequence's block table
+  int64_t block, block_stride, pos_stride;
+
+  float* row(int64_t p) const { return base + table[p / block] * block_stride + p % block * pos_stride; }
+  PagedRows head(int64_t offset) const { return {base + offset, table, block, block_stride, pos_stride}; }
+  // How many rows from p on (at most `most`) lie pos_stride apart: to the end of p's block, and on through the
+  // blocks that the table happens to place right behind it in memory.
+  int64_t contiguous(int64_t p, int64_t most) const {
+    int64_t n = std::min(most, block - p % block);
+    while (n < most && row(p + n) == row(p + n - 1) + pos_stride) n = std::min(most, n + block);
+    return n;
+  }
+};
 
 struct Args {
   const float* q;        // [n, Hq, D] rows q_row_stride apart, heads contiguous
   const float* kt;       // [Hkv, keys_padded / 64, D, 64]: the keys transposed in blocks of 64, zero past the last
-  const float* v;        // [Hkv, keys, D] with the strides below
+  PagedRows v;           // the sequence's values of KV head 0; head g kv_head_stride floats on
   float* out;            // [n, Hq, D]
   int64_t n, start, group, head_dim, block_positions, keys_padded;
-  int64_t q_row_stride, kv_head_stride, kv_row_stride, out_row_stride;
+  int64_t q_row_stride, kv_head_stride, out_row_stride;
   float scale;
 };
 
 struct DecodeArgs {
-  const float* q;        // [B, Hq, D]: one query row per sequence
-  const float* k_new;    // [B, Hkv, D]: each row's new key and value, written at its position first
+  const float* q;        // [rows, Hq, D]: one query row per sequence
+  const float* k_new;    // [rows, Hkv, D]: each row's new key and value, written at its position first
   const float* v_new;
-  float* k_cache;        // [slots, Hkv, L, D] (one layer; row b is slot b), the strides below for both
+  float* k_cache;        // the layer's pools [num_blocks, Hkv, B, D], the strides below for both
   float* v_cache;
-  const int64_t* positions;  // [B]
-  float* out;            // [B, Hq, D]
+  const int64_t* tables;     // row b's block table at tables + b * table_stride
+  const int64_t* positions;  // [rows]
+  float* out;            // [rows, Hq, D]
   int64_t group, head_dim;
-  int64_t q_row_stride, k_row_stride, v_row_stride, slot_stride, head_stride, pos_stride, out_row_stride;
+  int64_t q_row_stride, k_row_stride, v_row_stride, table_stride, block, block_stride, head_stride, pos_stride,
+      out_row_stride;
   float scale;
+
+  // row b's keys or values of KV head g in `pool` (k_cache or v_cache)
+  PagedRows rows(float* pool, int64_t b, int64_t g) const {
+    return {pool + g * head_stride, tables + b * table_stride, block, block_stride, pos_stride};
+  }
 };
 
 #define SIE_BODY "causal_attention_body.h"
@@ -69,53 +98,79 @@ constexpr int64_t kBlockRows = 48;  // query rows (position x head of the group)
 // them) its own query, score and output blocks.
 enum class Scratch { kKeys, kQueries, kScores, kOutputs, kCount };
 
-// q [n, Hq, D] (head and feature strides contiguous; D a multiple of 64, the output blocks' width), k and v
-// [Hkv, >= start+n, D] (feature stride 1) -> [n, Hq, D].
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start,
-                            double scale, bool avx2) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "causal_attention: q [n, Hq, D], k/v [Hkv, L, D]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "causal_attention: fp32 only");
-  const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(0), keys = start + n;
-  TORCH_CHECK(D % 64 == 0 && k.size(2) == D && v.size(2) == D, "causal_attention: head_dim a multiple of 64");
-  TORCH_CHECK(hq % hkv == 0 && v.size(0) == hkv, "causal_attention: query heads a multiple of KV heads");
-  TORCH_CHECK(start >= 0 && k.size(1) >= keys && v.size(1) >= keys, "causal_attention: keys 0..start+n needed");
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D && k.stride(2) == 1 && v.stride(2) == 1 &&
-                  k.stride(1) == v.stride(1) && k.stride(0) == v.stride(0),
-              "causal_attention: rows of contiguous heads; k and v with the same strides");
-  at::Tensor out = at::empty({n, hq, D}, q.options());
-  if (n == 0) return out;
-  const int64_t keys_padded = round_up(keys, 64);
-  const bool wide = has_avx512() && !avx2;
-  // each KV head's keys transposed once, in blocks of 64 keys: [Hkv, keys_padded / 64, D, 64], zero past the last
-  // key; 16 x 16 blocks in registers
-  float* ktp = scratch<float>(Scratch::kKeys, hkv * D * keys_padded);
-  const float* kp = k.data_ptr<float>();
-  const int64_t k_head = k.stride(0), k_row = k.stride(1), key_blocks = keys_padded / 64;
+// k and v: one layer's pools [num_blocks, Hkv, B, D] of fp32, features contiguous, with the same sizes and strides
+// (one address computation serves both); B a multiple of 16, so no 16-key group crosses a block.
+void check_pools(const char* op, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, op, ": fp32 pools");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.stride(3) == 1, op,
+              ": k and v pools of the same sizes and strides, features contiguous");
+  TORCH_CHECK(k.size(2) > 0 && k.size(2) % 16 == 0, op, ": positions a block a multiple of 16, not ", k.size(2));
+}
+
+// Entries 0..used-1 of a block table each name a block of the pool.
+void check_entries(const char* op, const int64_t* table, int64_t used, int64_t num_blocks) {
+  for (int64_t j = 0; j < used; ++j)
+    TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, op, ": block table entry ", j, " is ", table[j],
+                ", outside the pool's ", num_blocks, " blocks");
+}
+
+// Each KV head's keys 0..keys-1 transposed once, in blocks of 64 keys: kt [Hkv, keys_padded / 64, D, 64], zero past
+// the last key; 16 x 16 blocks in registers, each 16-key group read from its one pool block.
+void transpose_keys(const PagedRows& k, int64_t head_stride, int64_t hkv, int64_t keys, int64_t keys_padded,
+                    int64_t D, bool wide, float* kt) {
+  const int64_t key_blocks = keys_padded / 64, ld = k.pos_stride;
   at::parallel_for(0, hkv * key_blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
+      const PagedRows head = k.head(i / key_blocks * head_stride);
       const int64_t first = i % key_blocks * 64, valid = std::min<int64_t>(64, keys - first);
-      const float* src = kp + i / key_blocks * k_head + first * k_row;  // [valid keys, D]
-      float* dst = ktp + i * D * 64;                                     // [D, 64]
+      float* dst = kt + i * D * 64;  // [D, 64]
       for (int64_t d = 0; d < D; d += 16) {
         int64_t key = 0;
         for (; key + 16 <= valid; key += 16) {
+          const float* src = head.row(first + key) + d;
           if (wide)
-            avx512::transpose16x16(src + key * k_row + d, k_row, dst + d * 64 + key, 64);
+            avx512::transpose16x16(src, ld, dst + d * 64 + key, 64);
           else
-            avx2::transpose16x16(src + key * k_row + d, k_row, dst + d * 64 + key, 64);
+            avx2::transpose16x16(src, ld, dst + d * 64 + key, 64);
         }
         for (int64_t dd = d; dd < d + 16; ++dd) {
-          for (int64_t kk = key; kk < valid; ++kk) dst[dd * 64 + kk] = src[kk * k_row + dd];
+          for (int64_t kk = key; kk < valid; ++kk) dst[dd * 64 + kk] = head.row(first + kk)[dd];
           std::fill(dst + dd * 64 + valid, dst + dd * 64 + 64, 0.0f);
         }
       }
     }
   });
+}
+
+// q [n, Hq, D] (head and feature strides contiguous; D a multiple of 64, the output blocks' width), k and v the
+// layer's pools [num_blocks, Hkv, B, D], `table` the sequence's block table (int64, covering keys 0..start+n-1)
+// -> [n, Hq, D].
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                            int64_t start, double scale, bool avx2) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
+              "causal_attention: q [n, Hq, D], k/v pools [num_blocks, Hkv, B, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "causal_attention: fp32 only");
+  check_pools("causal_attention", k, v);
+  const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(1), block = k.size(2), keys = start + n;
+  TORCH_CHECK(D % 64 == 0 && k.size(3) == D, "causal_attention: head_dim a multiple of 64");
+  TORCH_CHECK(hq % hkv == 0, "causal_attention: query heads a multiple of KV heads");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "causal_attention: rows of contiguous heads");
+  const int64_t used = (keys + block - 1) / block;
+  TORCH_CHECK(start >= 0 && table.scalar_type() == at::kLong && table.dim() == 1 && table.size(0) >= used,
+              "causal_attention: an int64 block table covering keys 0..start+n-1");
+  const at::Tensor entries = table.contiguous();
+  check_entries("causal_attention", entries.data_ptr<int64_t>(), used, k.size(0));
+  at::Tensor out = at::empty({n, hq, D}, q.options());
+  if (n == 0) return out;
+  const int64_t keys_padded = round_up(keys, 64);
+  const bool wide = has_avx512() && !avx2;
+  const PagedRows k_rows{k.data_ptr<float>(), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
+  float* ktp = scratch<float>(Scratch::kKeys, hkv * D * keys_padded);
+  transpose_keys(k_rows, k.stride(1), hkv, keys, keys_padded, D, wide, ktp);
   const int64_t group = hq / hkv;
-  Args a{q.data_ptr<float>(), ktp, v.data_ptr<float>(), out.data_ptr<float>(), n, start, group, D,
-         std::max<int64_t>(1, kBlockRows / group), keys_padded, q.stride(0), k.stride(0), k.stride(1), hq * D,
-         static_cast<float>(scale)};
+  Args a{q.data_ptr<float>(), ktp, {v.data_ptr<float>(), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)},
+         out.data_ptr<float>(), n, start, group, D, std::max<int64_t>(1, kBlockRows / group), keys_padded,
+         q.stride(0), v.stride(1), hq * D, static_cast<float>(scale)};
   const int64_t blocks = (n + a.block_positions - 1) / a.block_positions;
   // Work items alternate the cheapest and the dearest query blocks (causal: cost grows with position), so each
   // chunk of them a thread takes carries about the same work.
@@ -136,38 +191,44 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-// One decode step's attention for rows 0..B-1 (slot b, query at positions[b]): q [B, Hq, D], the new k and v
-// [B, Hkv, D] (rows any stride apart, heads contiguous), the layer's caches [slots, Hkv, L, D] (written at each
-// row's position, then read over 0..position) -> [B, Hq, D], the same bits causal_attention gives that query.
+// One decode step's attention for rows 0..rows-1 (row b's query at positions[b]): q [rows, Hq, D], the new k and v
+// [rows, Hkv, D] (rows any stride apart, heads contiguous), the layer's pools [num_blocks, Hkv, B, D] (written at
+// each row's position through its block table, tables[b], then read over 0..position) -> [rows, Hq, D], the same
+// bits causal_attention gives that query. Rows' tables may share the blocks of a common prefix, but the position a
+// row writes must be one no other row of the step reads: the rows run in parallel.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-                            const at::Tensor& v_cache, const at::Tensor& positions, double scale, bool avx2) {
+                            const at::Tensor& v_cache, const at::Tensor& tables, const at::Tensor& positions,
+                            double scale, bool avx2) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
-              "decode_attention: q [B, Hq, D], k/v [B, Hkv, D], caches [slots, Hkv, L, D]");
-  for (const at::Tensor* t : {&q, &k, &v, &k_cache, &v_cache})
+              "decode_attention: q [rows, Hq, D], k/v [rows, Hkv, D], caches: pools [num_blocks, Hkv, B, D]");
+  for (const at::Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention: fp32, features contiguous");
-  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), len = k_cache.size(2);
+  check_pools("decode_attention", k_cache, v_cache);
+  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
   TORCH_CHECK(D % 64 == 0 && k_cache.size(3) == D, "decode_attention: head_dim a multiple of 64");
   TORCH_CHECK(hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b && v.size(0) == b,
               "decode_attention: query heads a multiple of KV heads, one new key and value per row");
   TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention: heads contiguous");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
-                  k_cache.size(0) >= b && k_cache.stride(2) == D,
-              "decode_attention: caches alike, a slot per row");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.size(0) >= b,
+              "decode_attention: int64 block tables [>= rows, max_blocks], one per row");
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == b,
-              "decode_attention: int64 positions [B]");
+              "decode_attention: int64 positions [rows]");
+  const at::Tensor tab = tables.stride(1) == 1 ? tables : tables.contiguous();  // rows may lie any stride apart
   const at::Tensor pos = positions.contiguous();
+  const int64_t* tp = tab.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   int64_t longest = 0;
   for (int64_t i = 0; i < b; ++i) {
-    TORCH_CHECK(pp[i] >= 0 && pp[i] < len, "decode_attention: a position outside the cache");
+    TORCH_CHECK(pp[i] >= 0 && pp[i] < tab.size(1) * block, "decode_attention: a position outside its block table");
+    check_entries("decode_attention", tp + i * tab.stride(0), pp[i] / block + 1, k_cache.size(0));
     longest = std::max(longest, pp[i] + 1);
   }
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
   const int64_t group = hq / hkv;
   DecodeArgs a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), k_cache.data_ptr<float>(),
-               v_cache.data_ptr<float>(), pp, out.data_ptr<float>(), group, D, q.stride(0), k.stride(0),
-               v.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hq * D,
+               v_cache.data_ptr<float>(), tp, pp, out.data_ptr<float>(), group, D, q.stride(0), k.stride(0),
+               v.stride(0), tab.stride(0), block, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hq * D,
                static_cast<float>(scale)};
   const bool wide = has_avx512() && !avx2;
   shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
@@ -188,9 +249,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sie_kernels, m) {
-  m.def("causal_attention(Tensor q, Tensor k, Tensor v, int start, float scale, bool avx2=False) -> Tensor");
+  m.def("causal_attention(Tensor q, Tensor k, Tensor v, Tensor table, int start, float scale, bool avx2=False) "
+        "-> Tensor");
   m.impl("causal_attention", c10::DispatchKey::CPU, TORCH_FN(causal_attention));
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor positions, "
-        "float scale, bool avx2=False) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor tables, "
+        "Tensor positions, float scale, bool avx2=False) -> Tensor");
   m.impl("decode_attention", c10::DispatchKey::CPU, TORCH_FN(decode_attention));
 }

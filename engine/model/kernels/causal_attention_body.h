@@ -99,15 +99,17 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
     else
       denom[r] = softmax_row(s + r * ldk, a.start + first + r / G + 1, key_end);
   }
-  // V in spans of kValueKeys rows (32 KB at D = 64, in L1) that every row block reads in turn, each output resuming
-  // its chain where the span before left it: the same bits as one pass over all keys, V read once from L2
-  const float* v = a.v + g * a.kv_head_stride;
-  for (int64_t key = 0; key < key_end; key += kValueKeys) {
-    const int64_t span = std::min(kValueKeys, key_end - key);
+  // V in spans of up to kValueKeys rows (32 KB at D = 64, in L1) that every row block reads in turn, each output
+  // resuming its chain where the span before left it: the same bits as one pass over all keys, V read once from L2.
+  // A span also ends where the next row does not follow in memory (a pool block's end, unless the table placed the
+  // next block right behind it).
+  const PagedRows v = a.v.head(g * a.kv_head_stride);
+  for (int64_t key = 0, span; key < key_end; key += span) {
+    span = v.contiguous(key, std::min(kValueKeys, key_end - key));
+    const float* rows_v = v.row(key);
     for (int64_t c = 0; c < D; c += 16 * CV)
       for (int64_t r = 0; r < rows; r += RB)
-        values_block<RB, CV>(s + r * ldk + key, ldk, v + key * a.kv_row_stride + c, a.kv_row_stride, span,
-                             os + r * D + c, D, key > 0);
+        values_block<RB, CV>(s + r * ldk + key, ldk, rows_v + c, v.pos_stride, span, os + r * D + c, D, key > 0);
   }
   for (int64_t r = 0; r < rows_real; ++r)
     divide_row(os + r * D, denom[r], D, a.out + (first + r / G) * a.out_row_stride + (g * G + r % G) * D);
@@ -125,14 +127,14 @@ SIE_TARGET inline void scores_rows(const float* q, int64_t rows, int64_t D, cons
 
 template <int CV>
 SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, const float* v, int64_t ldv,
-                                   int64_t keys, float* o, int64_t ldo) {
+                                   int64_t keys, float* o, int64_t ldo, bool resume) {
   int64_t r = 0;
-  for (; r + 3 <= rows; r += 3) values_block<3, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo);
-  for (; r < rows; ++r) values_block<1, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo);
+  for (; r + 3 <= rows; r += 3) values_block<3, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo, resume);
+  for (; r < rows; ++r) values_block<1, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo, resume);
 }
 
-// Decode: row b's query heads of KV head g, at position p = positions[b], against keys 0..p of slot b, after
-// writing the row's new key and value there. Each 64-key tile of K is transposed into a small buffer (only its
+// Decode: row b's query heads of KV head g, at position p = positions[b], against keys 0..p of row b's blocks,
+// after writing the row's new key and value there. Each 64-key tile of K is transposed into a small buffer (only its
 // 16-key groups that hold keys: a short context's last tile is mostly past the end), so a score
 // is the same FMA chain as in attend_block, and so is everything after it: a token's attention output has the
 // same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64] + [16, D].
@@ -140,10 +142,9 @@ template <int KV, int CV>
 SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs, float* s, float* os, float* tile) {
   constexpr int64_t kTileKeys = 64;
   const int64_t G = a.group, D = a.head_dim, p = a.positions[b];
-  float* kc = a.k_cache + b * a.slot_stride + g * a.head_stride;
-  float* vc = a.v_cache + b * a.slot_stride + g * a.head_stride;
-  std::copy_n(a.k_new + b * a.k_row_stride + g * D, D, kc + p * a.pos_stride);
-  std::copy_n(a.v_new + b * a.v_row_stride + g * D, D, vc + p * a.pos_stride);
+  const PagedRows kc = a.rows(a.k_cache, b, g), vc = a.rows(a.v_cache, b, g);
+  std::copy_n(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
+  std::copy_n(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
   for (int64_t r = 0; r < G; ++r) {
     const float* src = a.q + b * a.q_row_stride + (g * G + r) * D;
     for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * a.scale;
@@ -153,11 +154,10 @@ SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs,
   for (int64_t key = 0; key < keys; key += kTileKeys) {
     const int64_t valid = std::min(kTileKeys, keys - key);
     for (int64_t i = 0; i < valid; i += 16) {
-      const float* src = kc + (key + i) * a.pos_stride;
-      int64_t ld = a.pos_stride;
+      const float* src = kc.row(key + i);  // the 16-key group lies in one pool block
+      int64_t ld = kc.pos_stride;
       if (i + 16 > valid) {  // its rows past the last key repeat the last key (their scores are never read)
-        for (int64_t j = 0; j < 16; ++j)
-          std::copy_n(kc + (key + std::min(i + j, valid - 1)) * a.pos_stride, D, last_rows + j * D);
+        for (int64_t j = 0; j < 16; ++j) std::copy_n(kc.row(key + std::min(i + j, valid - 1)), D, last_rows + j * D);
         src = last_rows;
         ld = D;
       }
@@ -168,7 +168,13 @@ SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs,
   }
   std::vector<float> denom(G);
   for (int64_t r = 0; r < G; ++r) denom[r] = softmax_row(s + r * lds, keys, keys);
-  for (int64_t c = 0; c < D; c += 16 * CV) values_rows<CV>(s, G, lds, vc + c, a.pos_stride, keys, os + c, D);
+  // V in spans of rows that follow each other in memory (a block, or blocks the table placed back to back), each
+  // output resuming its chain where the span before left it: the bits of one pass over keys 0..p
+  for (int64_t key = 0, span; key < keys; key += span) {
+    span = vc.contiguous(key, keys - key);
+    for (int64_t c = 0; c < D; c += 16 * CV)
+      values_rows<CV>(s + key, G, lds, vc.row(key) + c, vc.pos_stride, span, os + c, D, key > 0);
+  }
   for (int64_t r = 0; r < G; ++r) divide_row(os + r * D, denom[r], D, a.out + b * a.out_row_stride + (g * G + r) * D);
 }
 
