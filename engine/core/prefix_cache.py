@@ -26,8 +26,21 @@ from typing import Any
 
 from engine.core import kv_events
 from engine.core.block_pool import BlockPool
+from engine.core.sequence import SequenceGroup
 
 BlockKey = int
+
+
+def salt_of(group: SequenceGroup) -> object:
+    """What a request's K/V depends on besides the token ids: the adapter and the image inputs; and whose it is: the
+    request's tenant salt, so one tenant's prompts never hit (nor time) another's blocks. Made once a request."""
+    if group.cache_salt is None:
+        embeds = group.request.prompt_embeds
+        digest = None
+        if embeds is not None:
+            digest = hashlib.blake2b(embeds.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
+        group.cache_salt = (group.params.lora_adapter, digest, group.request.cache_salt)
+    return group.cache_salt
 
 
 @dataclass

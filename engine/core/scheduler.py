@@ -1,23 +1,16 @@
-"""Admission and the step's prefill plan: which waiting requests run, in which KV slots, and their ending.
+"""Admission and the step's prefill plan: which waiting requests run, in which rows, and their ending.
 
-It admits requests (validation, then room for their prompts' KV blocks), hands the engine core the whole short
-prompts for one batched prefill or the next chunk of one long prompt, preempts the newest running candidates when
-the running rows' blocks would pass the KV budget and brings them back by recomputing their K/V, aborts requests
+It admits requests (the checks of engine.core.admission, then room for their prompts' KV blocks), hands the engine
+core the whole short prompts for one batched prefill or the next chunk of one long prompt, aborts requests
 (cancelled, failed), places prefilled candidates and retires finished ones through the slot table
-(engine.core.slots, which states the slot invariant and how blocks are counted), and keys the prefix cache. It
-never runs a forward or samples: that is engine.core.engine_core's step.
-
-Preemption follows vLLM v1: by recompute, newest first, the preempted brought back first whenever they fit (a new
-request that fits may start while they do not, a bounded number of times: _preempted_turn). A candidate keeps its
-generator, grammar state, detokenizer and streamed text while it waits; its prompt and tokens are prefilled again
-and it decodes on from its last token. With our CPU kernels a prefill computes the same K/V bits as the decode
-steps did (README, engine guarantees), so a preempted request's tokens are the ones it would have had.
+(engine.core.slots, which states the row invariant and how blocks are taken), and keys and reuses the prefix
+cache's blocks. Who gives way when the blocks run out, and how they come back, is engine.core.preemption's part.
+It never runs a forward or samples: that is engine.core.engine_core's step.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import itertools
 import logging
 import time
@@ -25,24 +18,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.core import kv_events
-from engine.core.prefix_cache import PrefixCache
+from engine.core.admission import check_kv_room, check_request
+from engine.core.preemption import BYPASS_LIMIT, Preemption
+from engine.core.prefix_cache import PrefixCache, salt_of
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.slots import BLOCK_TOKENS, Recompute, SlotTable, blocks, owner
 from engine.core.stats import EngineStats
 from engine.errors import EngineError
-from engine.request import EngineRequest, RequestOutput
+from engine.request import EngineRequest
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
 
-BYPASS_LIMIT = 64  # how many later requests may start before a waiting one that does not fit yet
-# a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
-# gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
-PREEMPTED_HEARTBEAT_S = 10.0
 
 
-class Scheduler:
+class Scheduler(Preemption):
     def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False,
                  publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
@@ -72,62 +63,14 @@ class Scheduler:
     # -- admission -----------------------------------------------------------------------------
 
     def add(self, request: EngineRequest) -> None:
-        params = request.params
-        prompt_len = len(request.prompt_ids)
-        if prompt_len == 0:
-            raise EngineError("invalid_request", "prompt is empty", request.prompt_param)
-        if prompt_len >= self.max_len:
-            raise EngineError(
-                "context_exceeded",
-                f"prompt has {prompt_len} tokens; this model accepts at most {self.max_len - 1}",
-                request.prompt_param,
-            )
-        adapter = params.lora_adapter
-        if adapter is not None and adapter not in self.runner.adapters:
-            raise EngineError("unknown_lora_adapter", f"unknown LoRA adapter '{adapter}'", "lora_adapter")
-        if params.width > self.max_slots:
-            raise EngineError(
-                "invalid_request",
-                f"n/best_of of {params.width} exceeds this engine's {self.max_slots} concurrent sequences",
-                "best_of" if params.best_of else "n",
-            )
-        room = self.max_len - prompt_len
-        if params.max_tokens > room:
-            if not params.clamp_max_tokens:  # the client's own cap: say so, as vLLM and OpenAI do
-                raise EngineError(
-                    "context_exceeded",
-                    f"the prompt ({prompt_len} tokens) plus '{params.max_tokens_param}' ({params.max_tokens}) "
-                    f"exceeds this model's context of {self.max_len} tokens",
-                    params.max_tokens_param,
-                )
-            params.max_tokens = room  # a default cap: generation never runs past the cache
-            params.min_tokens = min(params.min_tokens, room)
+        """Validate a request (engine.core.admission) and queue it."""
+        check_request(request, self.max_len, self.max_slots, self.runner.adapters)
         group = SequenceGroup(request)
         if self.reasoning:
             group.reasoning = True
             group.thinking_open = self.tokenizer.decode(request.prompt_ids[-8:]).rstrip().endswith("<think>")
-        self._check_kv_room(group)
+        check_kv_room(group, self.slots.budget_blocks, self.kv_budget, self.max_len)
         self.waiting.append(group)
-
-    def _check_kv_room(self, group: SequenceGroup) -> None:
-        """Refuse only what could never run on this engine even alone: its prompts (one per candidate) with room
-        to grow, or one candidate at its longest. Anything smaller runs, preempted and recomputed if need be."""
-        params, budget = group.params, self.slots.budget_blocks
-        longest = min(len(group.request.prompt_ids) + params.max_tokens, self.max_len)
-        if blocks(longest) + 1 > budget:
-            raise EngineError(
-                "invalid_request",
-                f"the prompt plus '{params.max_tokens_param}' ({longest} token positions) exceeds this engine's KV "
-                f"memory of {self.kv_budget} token positions",
-                params.max_tokens_param,
-            )
-        if blocks(len(group.request.prompt_ids) + 1) + 2 * params.width - 1 > budget:
-            raise EngineError(
-                "invalid_request",
-                f"n/best_of ({params.width}) copies of a {len(group.request.prompt_ids)}-token prompt exceed this "
-                f"engine's KV memory of {self.kv_budget} token positions; lower n/best_of or shorten the prompt",
-                "best_of" if params.best_of else "n",
-            )
 
     def _claim(self, group: SequenceGroup) -> int:
         """Blocks a new request takes to be prefilled and placed: its prompt and the position of its first token,
@@ -156,13 +99,6 @@ class Scheduler:
         for passed in itertools.islice(self.waiting, index):
             passed.bypassed += 1
         del self.waiting[index]
-
-    def _preempted_turn(self) -> bool:
-        """Whether new requests must wait for the preempted candidates. A preempted candidate is brought back
-        first whenever its blocks fit; while they do not, a new request whose prompt fits may start (its first
-        token should not wait for someone else's long answer), but each preempted candidate is passed over at most
-        BYPASS_LIMIT times, so it is never starved."""
-        return any(seq.bypassed >= BYPASS_LIMIT for seq in self.preempted)
 
     def _admit(self, group: SequenceGroup) -> None:
         for seq in self.preempted:
@@ -287,24 +223,12 @@ class Scheduler:
 
     # -- prefix cache --------------------------------------------------------------------------
 
-    @staticmethod
-    def _cache_salt(group: SequenceGroup) -> object:
-        """What the K/V depends on besides the token ids: the adapter and the image inputs; and whose it is: the
-        request's tenant salt, so one tenant's prompts never hit (nor time) another's blocks."""
-        if group.cache_salt is None:
-            embeds = group.request.prompt_embeds
-            digest = None
-            if embeds is not None:
-                digest = hashlib.blake2b(embeds.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
-            group.cache_salt = (group.params.lora_adapter, digest, group.request.cache_salt)
-        return group.cache_salt
-
     def _cached_blocks(self, group: SequenceGroup, touch: bool = False) -> list[int]:
         """The pool blocks of the prompt's cached prefix (`touch=False`: a peek, nothing counted or moved)."""
         if self.prefix_cache is None:
             return []
         if group.prefix_chain is None:
-            group.prefix_chain = self.prefix_cache.prompt_chain(group.request.prompt_ids, self._cache_salt(group))
+            group.prefix_chain = self.prefix_cache.prompt_chain(group.request.prompt_ids, salt_of(group))
         return self.prefix_cache.lookup(group.request.prompt_ids, None, touch, chain=group.prefix_chain)
 
     def _cached_tokens(self, group: SequenceGroup) -> int:
@@ -325,13 +249,13 @@ class Scheduler:
     def cache_prompt(self, group: SequenceGroup) -> None:
         if self.prefix_cache is not None:
             parent = group.sequences[0]
-            self.prefix_cache.store(group.request.prompt_ids, self._cache_salt(group), parent.blocks, parent.kv_len)
+            self.prefix_cache.store(group.request.prompt_ids, salt_of(group), parent.blocks, parent.kv_len)
 
     def cache_finished(self, seq: Sequence) -> None:
         """Key a finished candidate's prompt + output blocks (a chat's next turn starts with both). Its row is
         retired right after: the blocks stay cached, idle, until the pool needs the room."""
         if self.prefix_cache is not None and seq.finish_reason in ("stop", "length"):
-            self.prefix_cache.store(seq.prompt_ids + seq.output_ids, self._cache_salt(seq.group), seq.blocks,
+            self.prefix_cache.store(seq.prompt_ids + seq.output_ids, salt_of(seq.group), seq.blocks,
                                     seq.kv_len)
 
     def place(self, group: SequenceGroup) -> list[Sequence]:
@@ -348,84 +272,3 @@ class Scheduler:
     def retire(self, seq: Sequence) -> None:
         if self.slots.retire(seq):
             self.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)
-
-    # -- preemption ----------------------------------------------------------------------------
-
-    def make_room(self) -> None:
-        """Every decoding row writes one more position this step. While the blocks that takes are more than are
-        left, the newest running candidate (or the prefill in progress, when it is newer) gives its blocks back and
-        waits at the front to be recomputed. Then each row's next position gets its block."""
-        while self.slots.decode_need() > self.slots.available():
-            newest = max(self.slots.decoding, key=self._age, default=None)
-            job = self.slots.prefilling
-            if job is not None and (newest is None or self._job_age(job) > self._age(newest)):
-                self._preempt_prefill(job)
-            elif newest is not None:
-                self._preempt(newest)
-            else:
-                break
-            self.stats.preemptions += 1
-        self.slots.grow_decoding()
-
-    def _heartbeat_preempted(self) -> None:
-        """An empty output for each streamed request whose candidates all wait (preempted or being recomputed)
-        and that has sent nothing for PREEMPTED_HEARTBEAT_S: the client's stream only pauses."""
-        waiting = [seq.group for seq in self.preempted]
-        if isinstance(self.slots.prefilling, Recompute):
-            waiting.append(self.slots.prefilling.group)
-        if not waiting:
-            return
-        now = self.clock()
-        for group in {id(g): g for g in waiting}.values():
-            last = group.last_output_at
-            if group.request.stream and not group.sent_final and last is not None \
-                    and now - last >= PREEMPTED_HEARTBEAT_S:
-                group.emit(RequestOutput("", 0, "", progress=True))
-
-    @staticmethod
-    def _age(seq: Sequence) -> tuple[int, int]:
-        """(admission, candidate): larger is newer."""
-        return (seq.group.admission, seq.index)
-
-    @staticmethod
-    def _job_age(job: SequenceGroup | Recompute) -> tuple[int, int]:
-        return (job.group.admission, job.seq.index) if isinstance(job, Recompute) else (job.admission, -1)
-
-    def _preempt(self, seq: Sequence) -> None:
-        self.retire(seq)
-        seq.slot, seq.kv_len, seq.bypassed = -1, 0, 0
-        self.preempted.append(seq)
-
-    def _preempt_prefill(self, job: SequenceGroup | Recompute) -> None:
-        self.slots.drop_prefill(owner(job))
-        if isinstance(job, Recompute):
-            job.seq.slot, job.seq.kv_len, job.seq.bypassed = -1, 0, 0
-            self.preempted.append(job.seq)
-            return
-        job.prefilled, job.cached_tokens, job.sequences = 0, 0, []  # its prompt runs again from the start
-        self.waiting.appendleft(job)
-
-    def start_recompute(self) -> Recompute | None:
-        """The preempted candidate being recomputed: the one in progress, else the oldest waiting one if its
-        blocks fit now (in slot B, from its cached prefix if the prefix cache holds one)."""
-        job = self.slots.prefilling
-        if isinstance(job, Recompute):
-            return job  # at slot B (a retiring row moves it down: SlotTable.retire)
-        if job is not None or not self.preempted:
-            return None
-        seq = min(self.preempted, key=self._age)
-        tokens = seq.prompt_ids + seq.output_ids[:-1]
-        need = blocks(len(tokens) + 1)  # its tokens but the last, and the position the last is written at
-        cached: list[int] = []
-        if self.prefix_cache is not None:
-            cached = self.prefix_cache.lookup(tokens, self._cache_salt(seq.group), touch=False)
-            need -= sum(1 for b in cached if self.slots.pool.refs[b])
-        if not self.slots.fits(need, 1, len(self.slots.decoding), self.slots.available()):
-            return None
-        self.preempted.remove(seq)
-        job = Recompute(seq)
-        self.slots.prefilling = job
-        self.slots.seat(seq, len(self.slots.decoding))
-        self.slots.share(seq, cached)
-        job.prefilled = seq.kv_len = len(cached) * BLOCK_TOKENS
-        return job

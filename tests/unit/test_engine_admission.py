@@ -152,7 +152,7 @@ def test_a_small_request_goes_past_a_waiting_one_that_does_not_fit_yet(make_sche
 def test_a_preempted_stream_sends_a_heartbeat_while_it_waits(make_scheduler, real_engine):
     """Nothing to stream while preempted; after PREEMPTED_HEARTBEAT_S of silence an empty output says the request
     is alive (the gateway's inter-chunk timeout would otherwise cut it). The clock is the test's."""
-    from engine.core.scheduler import PREEMPTED_HEARTBEAT_S
+    from engine.core.preemption import PREEMPTED_HEARTBEAT_S
 
     prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
     core = make_scheduler()
@@ -178,7 +178,7 @@ def test_a_preempted_stream_sends_a_heartbeat_while_it_waits(make_scheduler, rea
 def test_a_new_request_may_start_while_a_preempted_one_waits_but_only_so_often(make_scheduler, real_engine):
     """A new prompt that fits gets its first token without waiting for someone else's long answer, but each
     preempted candidate is passed over at most BYPASS_LIMIT times."""
-    from engine.core.scheduler import BYPASS_LIMIT
+    from engine.core.preemption import BYPASS_LIMIT
 
     prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
     core = make_scheduler()

@@ -142,6 +142,7 @@ def test_a_tenant_hits_only_its_own_cached_prompts(cached_scheduler, turns):
 
 
 def test_image_inputs_salt_the_key(make_scheduler):
+    from engine.core.prefix_cache import salt_of
     from engine.core.sequence import SequenceGroup
     from engine.request import EngineRequest
 
@@ -150,8 +151,7 @@ def test_image_inputs_salt_the_key(make_scheduler):
     embeds = sched.runner.decoder.embed[torch.tensor(ids)].clone()
     other = embeds.clone()
     other[5] += 1.0
-    salt = sched.scheduler._cache_salt
-    salts = [salt(SequenceGroup(EngineRequest("x", ids, SamplingParams(), print, prompt_embeds=e)))
+    salts = [salt_of(SequenceGroup(EngineRequest("x", ids, SamplingParams(), print, prompt_embeds=e)))
              for e in (embeds, embeds.clone(), other)]
     assert salts[0] == salts[1] != salts[2]
 
