@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 Reader = Literal["engine", "gateway", "both"]
-Kind = Literal["str", "int", "float", "bool", "csv", "json"]
+Kind = Literal["str", "int", "float", "bool", "csv", "json", "memory"]
 
 
 class ProfileError(ValueError):
@@ -55,9 +56,12 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("max_queue", "int", 256, "engine", "requests waiting beyond the running ones; past it 503 "
               "`QUEUE_FULL`", minimum=1),
     Parameter("prefill_budget", "int", 1024, "engine", "prompt tokens one step prefills", minimum=1),
-    Parameter("kv_budget_tokens", "int", None, "engine", "KV memory in positions: running requests' blocks and the "
-              "prefix cache in what they leave ([kv-memory.md](kv-memory.md))",
+    Parameter("kv_budget_tokens", "int", None, "engine", "KV memory in positions: the paged pool that running "
+              "requests' blocks and the prefix cache's idle ones share ([kv-memory.md](kv-memory.md))",
               minimum=1, doc_default="`max_slots` x `context_length`"),
+    Parameter("kv_memory", "memory", None, "engine", "KV memory in bytes (`1GiB`, `512MiB`, `2000000000`) or as a "
+              "fraction of the device's free memory once the weights are loaded (`0.9`); sets `kv_budget_tokens` "
+              "from the model's K/V bytes a token ([kv-memory.md](kv-memory.md))", doc_default="unset"),
     Parameter("prefix_cache_tokens", "int", 8192, "engine", "the most of that memory the prefix cache keeps; it "
               "yields to running requests (0 turns it off)",
               minimum=0),
@@ -118,6 +122,7 @@ class Profile:
     max_queue: int
     prefill_budget: int
     kv_budget_tokens: int | None
+    kv_memory: int | float | None
     prefix_cache_tokens: int
     kv_events_endpoint: str | None
     kv_events_replay_endpoint: str | None
@@ -176,6 +181,8 @@ def _value(p: Parameter, text: str, reader: Reader) -> Any:
             raise ProfileError(p.name, f"{text} is below the minimum {p.minimum:g}" if number == number
                                else "is not a number")
         return number
+    if p.kind == "memory":
+        return memory_value(p.name, text)
     if p.kind == "bool":
         if text.lower() not in ("true", "false"):
             raise ProfileError(p.name, f"{text!r} is not true or false")
@@ -195,6 +202,28 @@ def _value(p: Parameter, text: str, reader: Reader) -> Any:
     if p.name == "lora_paths" and not all(isinstance(v, str) for v in value.values()):
         raise ProfileError(p.name, "must map each adapter name to a folder (a string)")
     return value
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def memory_value(key: str, text: str) -> int | float:
+    """Bytes (an int: `1GiB`, `512MB`, `2000000000`, at least 1 MiB), or a fraction of free memory (a float in
+    (0, 1] written with a decimal point: `0.9`)."""
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ProfileError(key, f"{text!r} is neither bytes (`1GiB`, `512MiB`) nor a fraction of free memory (`0.9`)")
+    number = float(match.group(1))
+    if "." in match.group(1) and not unit:
+        if not 0 < number <= 1:
+            raise ProfileError(key, f"{text} is not a fraction in (0, 1]")
+        return number
+    size = int(number * _UNITS[unit])
+    if size < 2**20:
+        raise ProfileError(key, f"{text} is under 1 MiB")
+    return size
 
 
 def field_names() -> list[str]:

@@ -26,6 +26,7 @@ from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
 from engine.lora_runtime import LoraLimits, LoraRuntime, requests_info
 from engine.model.decoder import Decoder
+from engine.model.kv_cache import kv_tokens_for
 from engine.model.loading import load_model
 from engine.model.lora import load_adapters
 from engine.model.selection import build_decoder
@@ -61,6 +62,7 @@ class EngineConfig:
     max_loras: int = 8  # adapters served at once, loaded at run time or not (engine.lora_runtime)
     max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
     kv_budget_tokens: int | None = None  # KV memory in positions, the prefix cache's included (None: slots x len)
+    kv_memory: int | float | None = None  # KV memory in bytes, or a fraction of free memory: sets kv_budget_tokens
     prefix_cache_tokens: int = 8192  # at most this much of it keeps past prompts for reuse (0: off); yields to running
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
     grammar_budget_s: float = 5.0  # the longest a request's grammar may compile before it is refused (400)
@@ -140,6 +142,10 @@ class LLMEngine:
         paths = config.lora_paths or {}
         adapters = load_adapters(model, paths, decoder.dtype) if isinstance(decoder, Decoder) \
             else decoder.load_adapters(paths)
+        if config.kv_memory is not None:  # bytes, or a share of what the weights left free
+            config.kv_budget_tokens = kv_tokens_for(config.kv_memory, decoder.config.num_hidden_layers, decoder.n_kv,
+                                                    decoder.head_dim, decoder.dtype, decoder.device)
+            log.info("KV memory %s: %d positions", config.kv_memory, config.kv_budget_tokens)
         # the KV pool holds the profile's KV memory in blocks (every slot's whole context when it names none)
         kv_blocks = config.kv_budget_tokens // BLOCK_TOKENS + 1 if config.kv_budget_tokens else None
         self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs, kv_blocks=kv_blocks)

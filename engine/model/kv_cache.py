@@ -45,6 +45,29 @@ def blocks_for(positions: int, block_size: int) -> int:
     return -(-positions // block_size)
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes the device has free now: the GPU's, or the host's available memory (`MemAvailable`)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def kv_tokens_for(memory: int | float, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                  device: torch.device) -> int:
+    """The positions `memory` holds: bytes (an int), or a fraction (a float) of what the device has free now, as
+    vLLM's `gpu_memory_utilization` and `VLLM_CPU_KVCACHE_SPACE` size its KV cache."""
+    per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
+    size = int(free_memory(device) * memory) if isinstance(memory, float) else memory
+    tokens = size // per_token
+    if tokens < 1024:
+        raise ValueError(f"KV memory of {size} bytes holds {tokens} positions at {per_token} bytes each: too few")
+    return tokens
+
+
 class KVCache:
     def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
                  num_blocks: int | None = None, block_size: int = 16) -> None:
