@@ -1,7 +1,7 @@
 """The KV cache: one pool of fixed-size blocks per layer, and a block table per slot.
 
-A layer's keys (and values) are `[num_blocks, kv_heads, block_size, head_dim]`: FlashInfer's "HND" page layout,
-which our CPU kernels read too. A slot is a row of the running batch; its block table says which pool block holds
+A layer's keys (and values) are seen as `[num_blocks, kv_heads, block_size, head_dim]`, FlashInfer's "HND" page
+layout (stored head-major: see `KVCache.__init__`); our CPU kernels read any strides of it. A slot is a row of the running batch; its block table says which pool block holds
 each of its runs of `block_size` positions: position p of slot s is block `tables[s, p // block_size]`, offset
 `p % block_size`. So memory follows the blocks in use, not `slots x max_len`; sequences that start the same way
 share blocks (the prefix cache, n/best_of forks) without copying them; and moving a sequence to another row moves
@@ -79,9 +79,12 @@ class KVCache:
         self.max_blocks = blocks_for(max_len, block_size)  # a table's width
         whole = slots * self.max_blocks + 1
         self.num_blocks = whole if num_blocks is None else num_blocks
-        shape = (layers, self.num_blocks, kv_heads, block_size, head_dim)
-        self.k = zeroed(shape, dtype, device)
-        self.v = zeroed(shape, dtype, device)
+        # stored head-major, [layers, kv_heads, blocks, B, D], and seen as [layers, blocks, kv_heads, B, D]: one head's
+        # consecutive blocks are then consecutive in memory, so where a sequence's table holds a run of them (a
+        # prompt's blocks are taken in one go) the kernels read its keys and values as one span
+        shape = (layers, kv_heads, self.num_blocks, block_size, head_dim)
+        self.k = zeroed(shape, dtype, device).transpose(1, 2)
+        self.v = zeroed(shape, dtype, device).transpose(1, 2)
         self.device = self.k.device
         self._host = self.device.type == "cpu"
         # the tables live on the host, where the scheduler writes them (through `rows`, a numpy view: an element
