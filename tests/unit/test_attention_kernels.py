@@ -15,6 +15,10 @@ from engine.model.attention import chunk_attention, decode_attention, native_sup
 from tests.unit.decoder_checks import assert_same_logits_chunked_cached_batched_or_decoded
 from tests.unit.tiny_models import tiny_llama
 
+from .paged_pools import identity_pools as _identity_pools
+from .paged_pools import rows as _rows
+from .paged_pools import shuffled_pools as _shuffled_pools
+
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels cannot be built here")
 
 
@@ -28,37 +32,6 @@ def _sdpa(q, k, v, start):
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None, :, :end], v[None, :, :end],
                                          attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1)
-
-
-def _rows(kv_heads, length, head_dim):
-    """Random keys or values [Hkv, L, D], L rounded up to a multiple of 64 (of every block size tested)"""
-    return torch.randn(kv_heads, -(-length // 64) * 64, head_dim)
-
-
-def _identity_pools(k, v, block):
-    """Rows k, v [Hkv, L, D] viewed in place as pools [L // block, Hkv, block, D] (general strides), read back in
-    order by the identity table"""
-    def view(rows):
-        return rows.unflatten(1, (rows.shape[1] // block, block)).transpose(0, 1)
-
-    return view(k), view(v), torch.arange(k.shape[1] // block)
-
-
-def _shuffled_pools(k, v, block, spare=5, pad=0, seed=0):
-    """The blocks of rows k, v [Hkv, L, D] scattered in a random order through fresh pools, among `spare` blocks of
-    garbage (large finite values) that no table entry names; `pad` features of garbage after each row's D (a
-    position stride past D). Returns the pools and the table that reads k, v back."""
-    g = torch.Generator().manual_seed(seed)
-    kv_heads, length, d = k.shape
-    used = length // block
-    table = torch.randperm(used + spare, generator=g)[:used]
-
-    def pool(rows):
-        p = torch.randn(used + spare, kv_heads, block, d + pad, generator=g) * 1e30
-        p[table, ..., :d] = rows.unflatten(1, (used, block)).transpose(0, 1)
-        return p[..., :d]
-
-    return pool(k), pool(v), table
 
 
 def _paged_rows(k, v, block, spare=5, seed=0):
