@@ -2,11 +2,11 @@
 
 A layer's keys (and values) are seen as `[num_blocks, kv_heads, block_size, head_dim]`, FlashInfer's "HND" page
 layout (stored head-major: see `KVCache.__init__`); our CPU kernels read any strides of it. A slot is a row of the
-running batch; its block table says which pool block holds each of its runs of `block_size` positions: position p of slot s is block `tables[s, p // block_size]`, offset
-`p % block_size`. So memory follows the blocks in use, not `slots x max_len`; sequences that start the same way
-share blocks (the prefix cache, n/best_of forks) without copying them; and moving a sequence to another row moves
-its table, not its K/V. Which block goes where is the scheduler's business (engine.core.block_pool); this module
-holds the tensors and the tables.
+running batch; its block table says which pool block holds each of its runs of `block_size` positions: position
+p of slot s is block `tables[s, p // block_size]`, offset `p % block_size`. So memory follows the blocks in use,
+not `slots x max_len`; sequences that start the same way share blocks (the prefix cache, n/best_of forks) without
+copying them; and moving a sequence to another row moves its table, not its K/V. Which block goes where is the
+scheduler's business (engine.core.block_pool); this module holds the tensors and the tables.
 
 Block 0 is the null block: table entries no sequence owns point at it, and padded rows (CUDA graphs) write there.
 Nothing reads it as a real position: the kernels stop at each row's own length, and the SDPA paths mask what lies
