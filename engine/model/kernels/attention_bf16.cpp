@@ -27,6 +27,7 @@
 
 #include "amx.h"
 #include "attention_bf16_products.h"
+#include "paged_rows.h"
 #include "scratch.h"
 #include "shared_work.h"
 
@@ -48,17 +49,6 @@ constexpr int64_t kBlockRows = 64;  // a prefill work item's query rows (positio
 
 // Per-thread scratch (scratch.h)
 enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kCount };
-
-// One sequence's keys (or values) of one KV head in a layer's pool, as causal_attention.cpp's: position p is row
-// p % block of pool block table[p / block], rows pos_stride floats apart.
-struct PagedRows {
-  float* base;           // the pool at the head's row 0 of block 0
-  const int64_t* table;  // the sequence's block table
-  int64_t block, block_stride, pos_stride;
-
-  float* row(int64_t p) const { return base + table[p / block] * block_stride + p % block * pos_stride; }
-  PagedRows head(int64_t offset) const { return {base + offset, table, block, block_stride, pos_stride}; }
-};
 
 // 16 fp32 -> 16 bf16 (nearest even)
 SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
@@ -196,23 +186,6 @@ void check_common(const at::Tensor& q, int64_t D) {
   TORCH_CHECK(has_avx512_bf16(), "attention_bf16: this CPU has no AVX512_BF16");
   TORCH_CHECK(q.scalar_type() == at::kFloat, "attention_bf16: fp32 queries, keys and values");
   TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_bf16: head_dim a multiple of 32, at most 256");
-}
-
-// k and v: one layer's pools [num_blocks, Hkv, B, D] of fp32, features contiguous, with the same sizes and strides;
-// B a multiple of 16, so no 16-key group crosses a block.
-void check_pools(const char* op, const at::Tensor& k, const at::Tensor& v, int64_t D) {
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(3) == D, op,
-              ": fp32 pools of q's head_dim");
-  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.stride(3) == 1, op,
-              ": k and v pools of the same sizes and strides, features contiguous");
-  TORCH_CHECK(k.size(2) > 0 && k.size(2) % 16 == 0, op, ": positions a block a multiple of 16, not ", k.size(2));
-}
-
-// Entries 0..used-1 of a block table each name a block of the pool.
-void check_entries(const char* op, const int64_t* table, int64_t used, int64_t num_blocks) {
-  for (int64_t j = 0; j < used; ++j)
-    TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, op, ": block table entry ", j, " is ", table[j],
-                ", outside the pool's ", num_blocks, " blocks");
 }
 
 // causal_attention.cpp's causal_attention with bf16 products: q [n, Hq, D] for positions start..start+n-1, k and

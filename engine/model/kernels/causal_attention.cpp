@@ -31,6 +31,7 @@
 #include <cmath>
 #include <vector>
 
+#include "paged_rows.h"
 #include "scratch.h"
 #include "shared_work.h"
 
@@ -39,24 +40,6 @@ namespace {
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 constexpr int64_t kValueKeys = 128;  // rows of V per span of the prefill's P.V (attend_block), at most
-
-// One sequence's keys (or values) of one KV head in a layer's pool: position p is row p % block of pool block
-// table[p / block]; rows pos_stride floats apart within a block, blocks block_stride apart in the pool.
-struct PagedRows {
-  float* base;           // the pool at the head's row 0 of block 0
-  const int64_t* table;  // the sequence's block table
-  int64_t block, block_stride, pos_stride;
-
-  float* row(int64_t p) const { return base + table[p / block] * block_stride + p % block * pos_stride; }
-  PagedRows head(int64_t offset) const { return {base + offset, table, block, block_stride, pos_stride}; }
-  // How many rows from p on (at most `most`) lie pos_stride apart: to the end of p's block, and on through the
-  // blocks that the table happens to place right behind it in memory.
-  int64_t contiguous(int64_t p, int64_t most) const {
-    int64_t n = std::min(most, block - p % block);
-    while (n < most && row(p + n) == row(p + n - 1) + pos_stride) n = std::min(most, n + block);
-    return n;
-  }
-};
 
 struct Args {
   const float* q;        // [n, Hq, D] rows q_row_stride apart, heads contiguous
@@ -98,22 +81,6 @@ constexpr int64_t kBlockRows = 48;  // query rows (position x head of the group)
 // them) its own query, score and output blocks.
 enum class Scratch { kKeys, kQueries, kScores, kOutputs, kCount };
 
-// k and v: one layer's pools [num_blocks, Hkv, B, D] of fp32, features contiguous, with the same sizes and strides
-// (one address computation serves both); B a multiple of 16, so no 16-key group crosses a block.
-void check_pools(const char* op, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, op, ": fp32 pools");
-  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.stride(3) == 1, op,
-              ": k and v pools of the same sizes and strides, features contiguous");
-  TORCH_CHECK(k.size(2) > 0 && k.size(2) % 16 == 0, op, ": positions a block a multiple of 16, not ", k.size(2));
-}
-
-// Entries 0..used-1 of a block table each name a block of the pool.
-void check_entries(const char* op, const int64_t* table, int64_t used, int64_t num_blocks) {
-  for (int64_t j = 0; j < used; ++j)
-    TORCH_CHECK(table[j] >= 0 && table[j] < num_blocks, op, ": block table entry ", j, " is ", table[j],
-                ", outside the pool's ", num_blocks, " blocks");
-}
-
 // Each KV head's keys 0..keys-1 transposed once, in blocks of 64 keys: kt [Hkv, keys_padded / 64, D, 64], zero past
 // the last key; 16 x 16 blocks in registers, each 16-key group read from its one pool block.
 void transpose_keys(const PagedRows& k, int64_t head_stride, int64_t hkv, int64_t keys, int64_t keys_padded,
@@ -150,9 +117,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
               "causal_attention: q [n, Hq, D], k/v pools [num_blocks, Hkv, B, D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat, "causal_attention: fp32 only");
-  check_pools("causal_attention", k, v);
+  check_pools("causal_attention", k, v, q.size(2));
   const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(1), block = k.size(2), keys = start + n;
-  TORCH_CHECK(D % 64 == 0 && k.size(3) == D, "causal_attention: head_dim a multiple of 64");
+  TORCH_CHECK(D % 64 == 0, "causal_attention: head_dim a multiple of 64");
   TORCH_CHECK(hq % hkv == 0, "causal_attention: query heads a multiple of KV heads");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "causal_attention: rows of contiguous heads");
   const int64_t used = (keys + block - 1) / block;
@@ -203,9 +170,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "decode_attention: q [rows, Hq, D], k/v [rows, Hkv, D], caches: pools [num_blocks, Hkv, B, D]");
   for (const at::Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention: fp32, features contiguous");
-  check_pools("decode_attention", k_cache, v_cache);
+  check_pools("decode_attention", k_cache, v_cache, q.size(2));
   const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
-  TORCH_CHECK(D % 64 == 0 && k_cache.size(3) == D, "decode_attention: head_dim a multiple of 64");
+  TORCH_CHECK(D % 64 == 0, "decode_attention: head_dim a multiple of 64");
   TORCH_CHECK(hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b && v.size(0) == b,
               "decode_attention: query heads a multiple of KV heads, one new key and value per row");
   TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention: heads contiguous");
