@@ -53,7 +53,7 @@ class EngineCore:
     def step(self) -> None:
         self.timing.start()
         self.scheduler.reap_cancelled()
-        self._prefill(self._recompute(self.scheduler.prefill_budget))
+        self._recompute(self._prefill(self.scheduler.prefill_budget))
         self.scheduler.make_room()
         self.timing.lap("schedule")
         decoding = len(self.scheduler.slots.decoding)
@@ -65,10 +65,10 @@ class EngineCore:
 
     # -- prefill -------------------------------------------------------------------------------
 
-    def _recompute(self, budget: int) -> int:
+    def _recompute(self, budget: int) -> None:
         """Bring preempted candidates back, oldest first: their prompt and streamed tokens prefilled again within
-        the step's prefill budget (a candidate joins the decode rows once all its K/V is back; nothing is sampled).
-        Returns the budget left for new prompts."""
+        what new prompts left of the step's prefill budget (a candidate joins the decode rows once all its K/V is
+        back; nothing is sampled)."""
         sched = self.scheduler
         while budget > 0 and (job := sched.start_recompute()) is not None:
             self.timing.prefilled()
@@ -93,16 +93,17 @@ class EngineCore:
             job.prefilled = seq.kv_len = end
             if end == len(job.tokens):
                 sched.slots.resume(job)
-        return budget
 
-    def _prefill(self, budget: int) -> None:
+    def _prefill(self, budget: int) -> int:
+        """New prompts within the step's prefill budget, before any recompute (engine.core.preemption): a whole
+        batch of short ones, or chunks of one at a time. Returns the budget left."""
         sched = self.scheduler
         if sched.slots.prefilling is None:
             batch = sched.take_short_prompts(budget)
             if len(batch) > 1:
                 self.timing.prefilled()
                 self._prefill_batch(batch)
-                return
+                return budget - sum(len(g.request.prompt_ids) - g.cached_tokens for g in batch)
             sched.requeue(batch)  # a single prompt takes the (chunkable) path below
         while budget > 0 and (group := sched.start_prefill()) is not None:
             self.timing.prefilled()
@@ -129,6 +130,7 @@ class EngineCore:
                 rows = sched.place(group)
                 self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
                 self._cache_prompts([group])
+        return budget
 
     def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
         """Several short prompts in one forward: a step's cost is mostly reading the weights once."""

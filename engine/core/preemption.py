@@ -1,10 +1,12 @@
 """Preemption by recompute, as vLLM v1 does it: when a decode step's rows need more KV blocks than are left, the
-newest running candidate (or the prefill in progress, when it is newer) gives its blocks back and waits; preempted
-candidates come back first, oldest first, whenever their blocks fit, by prefilling their prompt and every token
-they streamed but the last again. A new request that fits may start while they do not, a bounded number of times
-(`_preempted_turn`). A candidate keeps its generator, grammar state, detokenizer and streamed text while it waits,
-so with our CPU kernels (a prefill computes the K/V bits the decode steps did) its tokens are the ones it would
-have had.
+newest running candidate (or the prefill in progress, when it is newer) gives its blocks back and waits. Preempted
+candidates come back, oldest first, with the room and prefill budget that new requests leave, by prefilling their
+prompt and every token they streamed but the last again (what the prefix cache still holds of it is taken back,
+not prefilled). New requests go first because their first token is what a client waits on (the gateway's
+first-chunk timeout) while a preempted stream has already started, but each preempted candidate is passed over at
+most BYPASS_LIMIT times (`_preempted_turn`). A candidate keeps its generator, grammar state, detokenizer and
+streamed text while it waits, so with our CPU kernels (a prefill computes the K/V bits the decode steps did) its
+tokens are the ones it would have had.
 
 The scheduler's part that decides who gives way; engine.core.scheduler mixes it in.
 """
@@ -20,7 +22,7 @@ from engine.core.slots import BLOCK_TOKENS, Recompute, SlotTable, blocks, owner
 from engine.core.stats import EngineStats
 from engine.request import RequestOutput
 
-BYPASS_LIMIT = 64  # how many later requests may start before a waiting one that does not fit yet
+BYPASS_LIMIT = 64  # how many later requests may start before a waiting or preempted one
 # a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
 # gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
 PREEMPTED_HEARTBEAT_S = 10.0
@@ -39,10 +41,9 @@ class Preemption:
         raise NotImplementedError
 
     def _preempted_turn(self) -> bool:
-        """Whether new requests must wait for the preempted candidates. A preempted candidate is brought back
-        first whenever its blocks fit; while they do not, a new request whose prompt fits may start (its first
-        token should not wait for someone else's long answer), but each preempted candidate is passed over at most
-        BYPASS_LIMIT times, so it is never starved."""
+        """Whether new requests must wait for the preempted candidates: a new request whose prompt fits starts
+        before them (its first token should not wait for someone else's long answer), but each preempted candidate
+        is passed over at most BYPASS_LIMIT times, so it is never starved."""
         return any(seq.bypassed >= BYPASS_LIMIT for seq in self.preempted)
 
     def make_room(self) -> None:
@@ -85,12 +86,26 @@ class Preemption:
     def _job_age(job: SequenceGroup | Recompute) -> tuple[int, int]:
         return (job.group.admission, job.seq.index) if isinstance(job, Recompute) else (job.admission, -1)
 
+    def _keep_cached(self, seq: Sequence, tokens: list[int]) -> None:
+        """Key the full blocks a preempted candidate has written (`tokens` at its positions) before it gives them
+        back. Idle, they are reused last (least recently used first, each chain's tail before its root), so
+        when the candidate comes back its recompute takes most of its own K/V back instead of prefilling it again,
+        as vLLM v1 frees a preempted request's blocks. They hold the bits its decode steps wrote, which are the
+        bits a prefill would write (engine.core.slots)."""
+        if self.prefix_cache is not None and seq.blocks:
+            self.prefix_cache.store(tokens, salt_of(seq.group), seq.blocks, seq.kv_len)
+
     def _preempt(self, seq: Sequence) -> None:
+        self._keep_cached(seq, seq.prompt_ids + seq.output_ids)
         self.retire(seq)
         seq.slot, seq.kv_len, seq.bypassed = -1, 0, 0
         self.preempted.append(seq)
 
     def _preempt_prefill(self, job: SequenceGroup | Recompute) -> None:
+        if isinstance(job, Recompute):
+            self._keep_cached(job.seq, job.tokens)
+        elif job.sequences:
+            self._keep_cached(job.sequences[0], job.request.prompt_ids)
         self.slots.drop_prefill(owner(job))
         if isinstance(job, Recompute):
             job.seq.slot, job.seq.kv_len, job.seq.bypassed = -1, 0, 0

@@ -91,10 +91,11 @@ class SlotTable:
         return sum(1 for seq in self.decoding if len(seq.blocks) * BLOCK_TOKENS <= seq.kv_len)
 
     def fits(self, need: int, width: int, slots_in_use: int, available: int) -> bool:
-        """Room for `width` more rows needing `need` blocks, keeping one block of growth for every row (so a
-        request just admitted is not preempted by the next decode step)."""
-        rows = slots_in_use + width
-        return rows <= self.max_slots and need + rows <= available
+        """Room for `width` more rows needing `need` blocks (through the position of their first decoded token)
+        and for the blocks the running rows take at the next decode step, so a request just admitted is not
+        preempted by that step. Nothing more is held back for growth: a row that later finds no block preempts
+        the newest, whose blocks stay cached for its return (engine.core.preemption)."""
+        return slots_in_use + width <= self.max_slots and need + self.decode_need() <= available
 
     def grow(self, seq: Sequence, end: int) -> None:
         """Blocks for `seq`'s positions up to `end` (about to be written), entered in its slot's table."""

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine.core.slots import BLOCK_TOKENS, SlotTable
+from engine.core.slots import BLOCK_TOKENS, SlotTable, blocks
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 
@@ -137,10 +137,11 @@ def test_a_cancelled_preempted_request_leaves_nothing_behind(make_scheduler, rea
 
 def test_a_small_request_goes_past_a_waiting_one_that_does_not_fit_yet(make_scheduler, prompt):
     """A request waiting for room must not hold back a later one that fits now (not strict FIFO)."""
-    run = with_budget(make_scheduler(), 20 * BLOCK_TOKENS)
+    run = with_budget(make_scheduler(), 17 * BLOCK_TOKENS)
     run.add("a", prompt, long_run(2, 30))
     run.step()
-    long_prompt = prompt * 6  # 14 blocks and a block of growth for each of 3 rows: room only once "a" ends
+    long_prompt = prompt * 6  # 14 blocks: more than "a" leaves, room only once it ends
+    assert run.sched.scheduler.slots.available() < 14 <= 17
     run.add("waiting", long_prompt, long_run(1, 30))
     run.add("small", prompt, long_run(1, 8))
     assert steps_until_first_token(run, "small") <= 2
@@ -200,3 +201,72 @@ def test_a_new_request_may_start_while_a_preempted_one_waits_but_only_so_often(m
     assert waiting not in core.scheduler.preempted
     until_done_within_budget(run)
     assert run.final("held").finish_reason == "length"
+
+
+def test_a_preempted_candidate_takes_its_own_blocks_back_from_the_prefix_cache(make_scheduler, real_engine):
+    """A preempted candidate's written blocks stay keyed when it gives them back, and being the most recently
+    freed they are reused last: its recompute starts past its prompt, inside its own output, and the tokens are
+    still the ones it has alone."""
+    from engine.core.prefix_cache import PrefixCache
+
+    prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+    alone = {}
+    for i, ids in enumerate(prompts):
+        solo = Run(make_scheduler())
+        solo.add(f"r{i}", ids, greedy(80, ignore_eos=True))
+        solo.until_done()
+        alone[f"r{i}"] = solo.ids(f"r{i}")
+
+    core = make_scheduler()
+    run = with_budget(core, 20 * BLOCK_TOKENS)
+    sched = core.scheduler
+    sched.prefix_cache = PrefixCache(sched.slots.pool, 20 * BLOCK_TOKENS, BLOCK_TOKENS)
+    resumed_past_prompt = []  # per recompute: whether its cached start lies inside its output
+    start = sched.start_recompute
+
+    def recording():
+        before = sched.slots.prefilling
+        job = start()
+        if job is not None and job is not before:
+            resumed_past_prompt.append(job.prefilled > len(job.seq.prompt_ids))
+        return job
+
+    sched.start_recompute = recording
+    for i, ids in enumerate(prompts):
+        run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
+    until_done_within_budget(run)
+
+    assert core.stats.preemptions > 0 and any(resumed_past_prompt)
+    assert {rid: run.ids(rid) for rid in alone} == alone
+
+
+def test_a_new_request_gets_its_first_token_before_a_preempted_candidate_comes_back(make_scheduler, real_engine,
+                                                                                     prompt):
+    """New prompts take the step's prefill budget before any recompute: a client waiting for its first token (the
+    gateway's first-chunk timeout) goes ahead of a stream that has already started and only pauses."""
+    from engine.core.slots import Recompute
+
+    prompts = [real_engine.encode_prompt(messages=[{"role": "user", "content": p}]) for p in PROMPTS]
+    core = make_scheduler(prefill_budget=len(prompt) + 8)  # room for one prompt or one recompute chunk a step
+    run = with_budget(core, 16 * BLOCK_TOKENS)
+    for i, ids in enumerate(prompts[:3]):
+        run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
+    for _ in range(400):
+        run.step()
+        if core.scheduler.preempted:
+            break
+    (victim,) = core.scheduler.preempted
+    slots = core.scheduler.slots
+    for _ in range(400):  # until its blocks fit again: the next step could take it back
+        need = blocks(len(victim.prompt_ids) + len(victim.output_ids))  # its tokens but the last, and the last's
+        if slots.fits(need, 1, len(slots.decoding), slots.available()):
+            break
+        run.step()
+    assert victim in core.scheduler.preempted
+    run.add("fresh", prompt, greedy(4))
+    run.step()
+    assert run.outputs["fresh"]  # its first token came this very step
+    job = core.scheduler.slots.prefilling
+    assert victim in core.scheduler.preempted or (isinstance(job, Recompute) and job.seq is victim)
+    until_done_within_budget(run)
+    assert run.final("fresh").finish_reason == "length" and run.final(victim.group.request.request_id)
