@@ -70,7 +70,19 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, N
             _COLLECTION_SKIPS.append(f"{report.nodeid}: {reason}")
 
 
+_LAYER_SECONDS: dict[str, float] = {}  # tests/<layer>/...: setup, call and teardown seconds (README, Testing)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = report.nodeid.split("/")
+    layer = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _LAYER_SECONDS[layer] = _LAYER_SECONDS.get(layer, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LAYER_SECONDS:
+        terminalreporter.write_line("time per layer: " + ", ".join(
+            f"{layer} {seconds:.0f} s" for layer, seconds in sorted(_LAYER_SECONDS.items(), key=lambda kv: -kv[1])))
     if _COLLECTION_SKIPS:
         terminalreporter.section("files skipped under CI=true (a failure: tests/conftest.py)", red=True)
         for line in _COLLECTION_SKIPS:
