@@ -7,7 +7,7 @@ MODEL_DIR := $(SIE_MODEL_CACHE)/SmolLM2-135M-Instruct
 GATEWAY_PORT ?= 8080
 export SIE_MODEL_CACHE
 
-.PHONY: serve test test-unit test-integration test-e2e install model bench bench-peer bench-peer-engines bench-load bench-gpu gpu-carry loadtest soak lint clean
+.PHONY: serve tools test test-unit test-integration test-e2e install model bench bench-peer bench-peer-engines bench-load bench-gpu gpu-carry loadtest soak lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +53,12 @@ serve: $(if $(MODEL)$(MODEL_REPOSITORY),install,model)  ## tritonserver (bundled
 	GATEWAY_PORT=$(GATEWAY_PORT) MODEL="$(MODEL)" MODEL_REPOSITORY="$(MODEL_REPOSITORY)" SERVED_NAME="$(SERVED_NAME)" \
 		MODEL_KIND=$(MODEL_KIND) $(PY) -m devstack.serve
 
-test: model  ## unit, integration and e2e (starts its own tritonserver and gateway on free ports)
+# GuideLLM, which an e2e test drives, in its own venv (never a project dependency): installed with the models, so
+# that the suite's time is the tests'
+tools: | $(VENV)/.installed  ## GuideLLM's venv under .cache/ (once)
+	PYTHON=$(PYTHON) bash bench/install_guidellm.sh
+
+test: model tools  ## unit, integration and e2e (starts its own tritonserver and gateway on free ports)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 test-unit: install
