@@ -2,7 +2,8 @@
 (`GET /health`) passes and a short concurrent run on /v1/completions has every request successful.
 
 GuideLLM lives in its own venv under .cache/ (bench/install_guidellm.sh: `make tools`, which `make test` runs
-first, or here when it is missing); it is never a project dependency. The run is short: 4 streams, 12 requests, 16 tokens out.
+first, or here when it is missing); it is never a project dependency. The run is short: 4 streams, 12 requests,
+16 tokens out.
 """
 
 from __future__ import annotations
