@@ -111,9 +111,11 @@ class Decoder:
         """One forward's LoRA rows: `token_adapters` has an entry per row of its activations."""
         return LoraBatch(adapters, token_adapters, self.device)
 
-    @staticmethod
-    def batch_token_adapters(prompts: list[list[int]], adapters: list[str | None]) -> list[str | None]:
-        """`prefill_batch` right-pads every prompt to the longest: one entry per padded token."""
+    def batch_token_adapters(self, prompts: list[list[int]], adapters: list[str | None]) -> list[str | None]:
+        """One entry per token of `prefill_batch`'s forward: the prompts end to end with our attention kernels,
+        each right-padded to the longest under SDPA."""
+        if self.native_attention:
+            return [adapter for prompt, adapter in zip(prompts, adapters, strict=True) for _ in prompt]
         longest = max(len(p) for p in prompts)
         return [adapter for adapter in adapters for _ in range(longest)]
 
@@ -246,15 +248,18 @@ class Decoder:
     @torch.inference_mode()
     def prefill_batch(self, cache: KVCache, slots: list[int], prompts: list[list[int]],
                       starts: list[int] | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
-        """The prompts of several new sequences in one forward (right-padded); returns [k, V] last logits.
+        """The prompts of several new sequences in one forward; returns [k, V] last logits.
         `starts`: positions already in each slot (a cached prefix), so `prompts` are the rest of each
-        prompt; None: whole prompts. `lora`: one row per padded token (each prompt padded to the longest).
+        prompt; None: whole prompts. `lora`: one row per token of the forward (`batch_token_adapters`).
 
-        Only real tokens write K/V; a pad query attends to its row's real keys under SDPA, or gets zeros from our
-        kernel (so its garbage stays finite and goes nowhere).
+        Our kernels take the prompts end to end (`_prefill_packed`). Under SDPA each prompt is right-padded to the
+        longest: only real tokens write K/V, and a pad query attends to its row's real keys (its garbage stays
+        finite and goes nowhere).
         """
         k, longest = len(prompts), max(len(p) for p in prompts)
         starts = starts or [0] * k
+        if self.native_attention:
+            return self._prefill_packed(cache, slots, prompts, starts, lora)
         span = max(s + len(p) for s, p in zip(starts, prompts, strict=True))  # keys any row reads
         # one host->device copy of the padded ids, the lengths and the starts
         staged = stage([p + [0] * (longest - len(p)) + [len(p), start]
@@ -263,11 +268,9 @@ class Decoder:
         positions = start_t[:, None] + torch.arange(longest, device=self.device)  # [k, T]
         h = self._embed(ids.reshape(-1))
         tables = cache.tables_of(slots)
-        mask = None
-        if not self.native_attention:
-            keys = torch.arange(span, device=self.device)[None, None, :]
-            # [k, 1, T, span]: causal from each row's own start, and never past its own last token
-            mask = ((keys <= positions[:, :, None]) & (keys < (start_t + lengths)[:, None, None]))[:, None]
+        keys = torch.arange(span, device=self.device)[None, None, :]
+        # [k, 1, T, span]: causal from each row's own start, and never past its own last token
+        mask = ((keys <= positions[:, :, None]) & (keys < (start_t + lengths)[:, None, None]))[:, None]
         real = (positions < (start_t + lengths)[:, None]).reshape(-1).nonzero()[:, 0]  # the tokens that are not pads
         token_rows = torch.arange(k, device=self.device).repeat_interleave(longest)[real]
         block, offset = cache.locate(tables, positions.reshape(-1)[real], token_rows)
@@ -276,19 +279,44 @@ class Decoder:
         def attend(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
             cache.write(i, block, offset, kk[real], vv[real])
             q = q.view(k, longest, self.n_heads, self.head_dim)
-            if mask is None:  # our kernel, prompt by prompt (a pad's output is zeros)
-                attn = q.new_zeros(q.shape)
-                for j, (start, prompt) in enumerate(zip(starts, prompts, strict=True)):
-                    attn[j, : len(prompt)] = chunk_attention(q[j, : len(prompt)], cache.k[i], cache.v[i], tables[j],
-                                                             start, native=True, bf16=self.bf16_attention)
-            else:
-                keys_k, keys_v = cache.gather(i, tables, span)
-                attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys_k, keys_v, attn_mask=mask,
-                                                      enable_gqa=True).transpose(1, 2)
+            keys_k, keys_v = cache.gather(i, tables, span)
+            attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys_k, keys_v, attn_mask=mask,
+                                                  enable_gqa=True).transpose(1, 2)
             return attn.reshape(k * longest, -1)
 
         normed = self._layers(h, rope, lora, attend)
         return self.logits(normed.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1])
+
+    def _prefill_packed(self, cache: KVCache, slots: list[int], prompts: list[list[int]], starts: list[int],
+                        lora: LoraBatch | None) -> torch.Tensor:
+        """`prefill_batch` with our attention kernels: the prompts end to end, with no padding, since every linear
+        row costs the same and gets the same bits whichever batch it is in; attention runs prompt by prompt. Prompts
+        of 40 to 320 tokens padded to the longest would cost about half again as much."""
+        bounds = [0]
+        for prompt in prompts:
+            bounds.append(bounds[-1] + len(prompt))
+        # one host->device copy: the ids, each token's position, its prompt's row, and each prompt's last token
+        staged = stage([[t for p in prompts for t in p],
+                        [start + i for p, start in zip(prompts, starts, strict=True) for i in range(len(p))],
+                        [row for row, p in enumerate(prompts) for _ in p]], torch.long, self.device)
+        positions = staged[1]
+        h = self._embed(staged[0])
+        tables = cache.tables_of(slots)
+        block, offset = cache.locate(tables, positions, staged[2])
+        rope = self._rope_at(positions)
+
+        def attend(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+            cache.write(i, block, offset, kk, vv)
+            q = q.view(-1, self.n_heads, self.head_dim)
+            attn = torch.empty_like(q)
+            for row, start in enumerate(starts):
+                a, b = bounds[row], bounds[row + 1]
+                attn[a:b] = chunk_attention(q[a:b], cache.k[i], cache.v[i], tables[row], start, native=True,
+                                            bf16=self.bf16_attention)
+            return attn.reshape(bounds[-1], -1)
+
+        normed = self._layers(h, rope, lora, attend)
+        return self.logits(normed[[b - 1 for b in bounds[1:]]])
 
     def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
                       lora: LoraBatch | None = None, masked: bool = True, tables: torch.Tensor | None = None
