@@ -5,17 +5,15 @@ alone, nothing is sent twice, and Triton's metrics count the preemptions."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI
 
-from bench.peer_runs import with_parameter
 from devstack.stack import LocalStack, local_stack
-from devstack.triton import REPO_ROOT
 from tests.helpers.prometheus import metric_value, scrape
+from tests.helpers.repository import smollm2_only
 
 from .conftest import MODEL
 
@@ -28,12 +26,8 @@ TOKENS = 48
 @pytest.fixture(scope="module")
 def small_kv_stack(tmp_path_factory) -> Iterator[LocalStack]:
     root = tmp_path_factory.mktemp("small-kv")
-    repo = root / "repository"
-    folder = repo / "smollm2_135m_instruct"
-    shutil.copytree(REPO_ROOT / "model_repository" / "smollm2_135m_instruct", folder)
-    config = folder / "config.pbtxt"
-    text = with_parameter(config.read_text(), "kv_budget_tokens", str(BUDGET_TOKENS))
-    config.write_text(with_parameter(text, "prefix_cache_tokens", "0"))  # every recompute runs the whole prompt
+    # no prefix cache: every recompute runs the whole prompt and output again
+    repo = smollm2_only(root, kv_budget_tokens=str(BUDGET_TOKENS), prefix_cache_tokens="0")
     with local_stack(repo, Path(root), extra_env={"SIE_AUTH_MODE": "none"}) as stack:
         yield stack
 

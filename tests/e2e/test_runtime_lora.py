@@ -6,7 +6,6 @@ is gone from the list and using it is an error in the contract's envelope."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import openai
 import pytest
 
 from devstack.stack import LocalStack, local_stack
-from devstack.triton import REPO_ROOT
+from tests.helpers.repository import smollm2_only
 
 from .conftest import MODEL
 
@@ -25,8 +24,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def lora_stack(tmp_path_factory) -> Iterator[LocalStack]:
     root = tmp_path_factory.mktemp("runtime-lora")
-    repo = root / "repository"
-    shutil.copytree(REPO_ROOT / "model_repository" / "smollm2_135m_instruct", repo / "smollm2_135m_instruct")
+    repo = smollm2_only(root)
     env = {"SIE_AUTH_MODE": "none", "SIE_ALLOW_RUNTIME_LORA_UPDATING": "1"}
     with local_stack(repo, Path(root), extra_env=env) as stack:
         yield stack

@@ -25,11 +25,11 @@ from pathlib import Path
 import httpx
 
 from devstack.stack import local_stack
-from devstack.triton import REPO_ROOT
 from tests.e2e.conftest import MODEL, Stack
+from tests.helpers.repository import SMOLLM2 as TRITON_MODEL
+from tests.helpers.repository import smollm2_only
 from tests.helpers.sse import data_payloads
 
-TRITON_MODEL = "smollm2_135m_instruct"
 DETECT_WITHIN_S = 10.0  # probe every 2 s + the backend's 1 s answer, with room for a loaded box
 RECOVER_WITHIN_S = 180.0
 
@@ -65,9 +65,7 @@ UPSTREAM_ABORT = "boost::interprocess::lock_exception"
 def _smollm2_stack(log_dir: Path) -> Iterator[tuple[Stack, Callable[[], bool]]]:
     """A stack of its own on a repository holding only SmolLM2; also says whether its tritonserver hit the upstream
     abort."""
-    repo = log_dir / "repository"
-    repo.mkdir()
-    (repo / TRITON_MODEL).symlink_to(REPO_ROOT / "model_repository" / TRITON_MODEL, target_is_directory=True)
+    repo = smollm2_only(log_dir)
     env = {"SIE_AUTH_MODE": "none", "SIE_RESPONSES_STORE": str(log_dir / "responses.sqlite3")}
     with local_stack(repo, log_dir, extra_env=env) as running:
         def triton_aborted() -> bool:

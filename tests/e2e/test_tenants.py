@@ -18,13 +18,12 @@ import pytest
 from devstack.net import free_port, wait_http
 from devstack.serve import start_gateway, stop
 from devstack.stack import LocalStack, local_stack
-from devstack.triton import REPO_ROOT
 from tests.helpers.prometheus import scrape
+from tests.helpers.repository import smollm2_only
 from tests.helpers.sse import DONE, data_payloads
 from tests.helpers.waiting import wait_until
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-TRITON_MODEL = "smollm2_135m_instruct"
 STUB_MODEL = "sie-test/stub-tokens"
 # same length, so an in-place rewrite can keep the keys file's size (the SIGHUP test)
 KEY_A = "planted-key-a-3c9e51f07d2b4a86"
@@ -61,9 +60,7 @@ def tenants(tmp_path_factory) -> Iterator[TenantStack]:
     secrets = tmp_path_factory.mktemp("tenant-secrets")  # the keys file holds the keys: outside what is scanned
     keys = secrets / "keys"
     keys.write_text(f"{KEY_A}\n{KEY_B}\n{KEY_C}\n")
-    repo = log_dir / "repository"
-    repo.mkdir()
-    (repo / TRITON_MODEL).symlink_to(REPO_ROOT / "model_repository" / TRITON_MODEL, target_is_directory=True)
+    repo = smollm2_only(log_dir)
     metrics_dir = log_dir / "gateway-metrics"
     metrics_dir.mkdir()
     env = {"SIE_AUTH_MODE": "token", "SIE_AUTH_TOKENS_FILE": str(keys),
