@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from engine.core.sequence import Sequence
 from engine.core.slots import BLOCK_TOKENS, SlotTable, blocks
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
@@ -55,6 +56,16 @@ def until_done_within_budget(run: Run, max_steps: int = 2000) -> None:
         for seq in slots.decoding:
             assert len(seq.blocks) * BLOCK_TOKENS >= seq.kv_len
     raise AssertionError("scheduler did not finish")
+
+
+def until_preempted(run: Run, limit: int = 400) -> Sequence:
+    """Step until a candidate is preempted; returns it (the only one)."""
+    for _ in range(limit):
+        run.step()
+        if run.sched.scheduler.preempted:
+            (seq,) = run.sched.scheduler.preempted
+            return seq
+    raise AssertionError(f"nothing was preempted in {limit} steps")
 
 
 def steps_until_first_token(run: Run, rid: str, limit: int = 400) -> int:
@@ -123,11 +134,7 @@ def test_a_cancelled_preempted_request_leaves_nothing_behind(make_scheduler, rea
     for i, ids in enumerate(prompts):
         rid = f"r{i}"
         run.add(rid, ids, greedy(80, ignore_eos=True), is_cancelled=lambda rid=rid: rid in cancelled)
-    for _ in range(400):
-        run.step()
-        if core.scheduler.preempted:
-            break
-    (victim,) = {seq.group.request.request_id for seq in core.scheduler.preempted}
+    victim = until_preempted(run).group.request.request_id
     cancelled.add(victim)
     until_done_within_budget(run)
     assert run.final(victim).finish_reason == "cancelled"
@@ -160,11 +167,7 @@ def test_a_preempted_stream_sends_a_heartbeat_while_it_waits(make_scheduler, rea
     run = with_budget(core, 16 * BLOCK_TOKENS)
     for i, ids in enumerate(prompts):
         run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
-    for _ in range(400):
-        run.step()
-        if core.scheduler.preempted:
-            break
-    (victim,) = {seq.group.request.request_id for seq in core.scheduler.preempted}
+    victim = until_preempted(run).group.request.request_id
     sent = len(run.outputs[victim])
     core.scheduler.end_step()  # no time has passed: no heartbeat
     assert len(run.outputs[victim]) == sent
@@ -186,11 +189,7 @@ def test_a_new_request_may_start_while_a_preempted_one_waits_but_only_so_often(m
     run = with_budget(core, 16 * BLOCK_TOKENS)
     for i, ids in enumerate(prompts[:3]):
         run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
-    for _ in range(400):
-        run.step()
-        if core.scheduler.preempted:
-            break
-    (waiting,) = core.scheduler.preempted
+    waiting = until_preempted(run)
     waiting.bypassed = BYPASS_LIMIT  # its turn: nothing new starts until it is back
     run.add("held", prompts[3], greedy(4))
     for _ in range(400):
@@ -251,11 +250,7 @@ def test_a_new_request_gets_its_first_token_before_a_preempted_candidate_comes_b
     run = with_budget(core, 16 * BLOCK_TOKENS)
     for i, ids in enumerate(prompts[:3]):
         run.add(f"r{i}", ids, greedy(80, ignore_eos=True))
-    for _ in range(400):
-        run.step()
-        if core.scheduler.preempted:
-            break
-    (victim,) = core.scheduler.preempted
+    victim = until_preempted(run)
     slots = core.scheduler.slots
     for _ in range(400):  # until its blocks fit again: the next step could take it back
         need = blocks(len(victim.prompt_ids) + len(victim.output_ids))  # its tokens but the last, and the last's
