@@ -295,7 +295,7 @@ class Decoder:
         bounds = [0]
         for prompt in prompts:
             bounds.append(bounds[-1] + len(prompt))
-        # one host->device copy: the ids, each token's position, its prompt's row, and each prompt's last token
+        # one host->device copy: the ids, each token's position and its prompt's row (for its block table)
         staged = stage([[t for p in prompts for t in p],
                         [start + i for p, start in zip(prompts, starts, strict=True) for i in range(len(p))],
                         [row for row, p in enumerate(prompts) for _ in p]], torch.long, self.device)
