@@ -35,7 +35,8 @@ class Stack:
         return metric_value(scrape(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5), name)
 
 
-@pytest.fixture(scope="session")
+# package scope: the stacks go down when the e2e tests end, so they do not idle beside the unit tests
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack-logs")
     ensure_tiny_vlm()  # model_repository/tiny_vlm serves it; `make model` normally built it already
@@ -51,7 +52,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                     print(f"--- tail of {name} ---\n" + path.read_text(errors="replace")[-3000:])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def openai_client(stack: Stack):
     import openai
 
@@ -86,7 +87,7 @@ class StubStack:
         stop(self.triton)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stub(tmp_path_factory) -> Iterator[StubStack]:
     """tritonserver on the stub repository + a gateway with token auth (fast, restartable)."""
     s = StubStack(tmp_path_factory.mktemp("stub-stack"))

@@ -64,7 +64,7 @@ def sdk_python() -> Path:
     return python
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sdk(sdk_python, stack):
     """Run one driver scenario against the stack and return its JSON."""
 
