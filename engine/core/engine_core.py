@@ -1,15 +1,16 @@
-"""One engine step: the scheduler admits and plans, the runner runs the forwards, the sampler samples, the
-output stage turns tokens into outputs (with the one stop decision), and the scheduler retires and releases.
+"""One engine step, as plan -> run -> sample -> update: the scheduler plans the step (engine.core.planner: which
+rows decode, which prompt spans prefill, who was preempted to make room), the runner runs it in one forward, the
+sampler samples the decode rows and the new requests' first tokens, the output stage turns tokens into outputs
+(with the one stop decision), and the scheduler places the new rows, retires finished ones and releases them.
 
-A step prefills first (one batched forward of short prompts, each from its cached prefix if it has one, or
-token-budgeted chunks of one prompt at a time), then decodes every running row. New candidates are placed
-(every one of a step's prefilled requests) before any of them is sampled, so a candidate that finishes on its
-first token can only move rows that already sit at their own slot (engine.core.slots).
+A request prefilled this step samples its first token from the prefill's logits and decodes from the next step
+on. Its candidates are placed (every one of a step's new requests) before any of them is sampled, so a candidate
+that finishes on its first token can only move rows that already sit at their own slot (engine.core.slots).
 
-Failures are kept to the request they belong to: a prefill, a row's forward (e.g. its adapter), a row's
+Failures are kept to the request they belong to: a row's or a span's forward (e.g. its adapter), a row's
 sampling step or its output handling fails that request with `inference_error` and the batch goes on (a failed
-batched forward is retried one request or row at a time). Only a fault of the shared device state is fatal:
-it propagates, and the engine loop fails everything.
+step's forward is retried one row and one span at a time). Only a fault of the shared device state is fatal: it
+propagates, and the engine loop fails everything.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import torch
 from engine.core.output_processor import OutputStage, Postprocess
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.slots import owner
+from engine.core.step_plan import PrefillSpan, StepPlan
 from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, is_device_fault, request_error
-from engine.runner.model_runner import ModelRunner
+from engine.runner.model_runner import ModelRunner, Span
 from engine.sampling.sampler import Sampler
 from engine.staging import stage
 
@@ -52,197 +55,87 @@ class EngineCore:
 
     def step(self) -> None:
         self.timing.start()
-        self.scheduler.reap_cancelled()
-        self._recompute(self._prefill(self.scheduler.prefill_budget))
-        self.scheduler.make_room()
+        plan = self.scheduler.schedule()
         self.timing.lap("schedule")
-        decoding = len(self.scheduler.slots.decoding)
-        if decoding:
-            self._decode()
+        if plan.prefill:
+            self.timing.prefilled()
+        if not plan.empty:
+            self._run(plan)
         self.scheduler.end_step()
         self.timing.lap("schedule")
-        self.timing.end(decoding)
+        self.timing.end(len(plan.decode))
 
-    # -- prefill -------------------------------------------------------------------------------
+    def _run(self, plan: StepPlan) -> None:
+        """The plan's forward, then the K/V it wrote counted, the new rows placed and every row sampled."""
+        logits, decoded, spans, failures = self._forward(plan)
+        self.timing.lap("forward")
+        for seq in decoded:
+            seq.kv_len += 1
+        self.scheduler.fail(failures)  # after the good rows' K/V is counted: their lengths are right when rows move
+        new_rows = self.scheduler.complete(plan, spans)
+        sampling = [span for span in spans if span.samples]
+        if len(new_rows) > len(sampling):  # n/best_of: each candidate samples from its prompt's logits
+            # given its output size, repeat_interleave needs no host sync to size the result
+            widths = [1] * len(decoded) + [owner(s.job).params.width for s in sampling]
+            widths_t = stage(widths, torch.long, logits.device)
+            logits = logits.repeat_interleave(widths_t, dim=0, output_size=len(decoded) + len(new_rows))
+        if decoded or new_rows:
+            self._sample_and_advance(logits, decoded + new_rows)
+        self._cache_prompts([owner(span.job) for span in sampling])
 
-    def _recompute(self, budget: int) -> None:
-        """Bring preempted candidates back, oldest first: their prompt and streamed tokens prefilled again within
-        what new prompts left of the step's prefill budget (a candidate joins the decode rows once all its K/V is
-        back; nothing is sampled)."""
-        sched = self.scheduler
-        while budget > 0 and (job := sched.start_recompute()) is not None:
-            self.timing.prefilled()
-            seq = job.seq
-            end = min(job.prefilled + budget, len(job.tokens))
-            embeds = seq.group.request.prompt_embeds  # image requests: the prompt's positions take its embeddings
-            if embeds is not None:
-                if job.prefilled < len(seq.prompt_ids):
-                    end = min(end, len(seq.prompt_ids))
-                    embeds = embeds[job.prefilled : end]
-                else:
-                    embeds = None
-            try:
-                sched.slots.grow(seq, end)
-                self.runner.prefill_part(seq.slot, job.tokens[job.prefilled : end], job.prefilled,
-                                         adapter=seq.params.lora_adapter, embeds=embeds)
-            except Exception as exc:  # as a prefill: the request fails, the engine goes on
-                log.exception("recomputing a preempted candidate failed for %s", seq.group.request.request_id)
-                sched.abort(seq.group, "error", request_error(exc, "prefill"))
-                continue
-            budget -= end - job.prefilled
-            job.prefilled = seq.kv_len = end
-            if end == len(job.tokens):
-                sched.slots.resume(job)
+    # -- the forward ---------------------------------------------------------------------------
 
-    def _prefill(self, budget: int) -> int:
-        """New prompts within the step's prefill budget, before any recompute (engine.core.preemption): a whole
-        batch of short ones, or chunks of one at a time. Returns the budget left."""
-        sched = self.scheduler
-        if sched.slots.prefilling is None:
-            batch = sched.take_short_prompts(budget)
-            if len(batch) > 1:
-                self.timing.prefilled()
-                self._prefill_batch(batch)
-                return budget - sum(len(g.request.prompt_ids) - g.cached_tokens for g in batch)
-            sched.requeue(batch)  # a single prompt takes the (chunkable) path below
-        while budget > 0 and (group := sched.start_prefill()) is not None:
-            self.timing.prefilled()
-            parent, prompt = group.sequences[0], group.request.prompt_ids
-            chunk = prompt[group.prefilled : group.prefilled + budget]
-            embeds = group.request.prompt_embeds  # image requests: precomputed prompt input embeddings
-            if embeds is not None:
-                embeds = embeds[group.prefilled : group.prefilled + len(chunk)]
-            last = group.prefilled + len(chunk) == len(prompt)
-            try:
-                sched.slots.grow(parent, group.prefilled + len(chunk))
-                fill = self.runner.prefill if last else self.runner.prefill_part  # only the last chunk samples
-                logits = fill(parent.slot, chunk, group.prefilled, adapter=group.params.lora_adapter, embeds=embeds)
-            except Exception as exc:  # a forward failure on one prompt must not take the engine down
-                log.exception("prefill failed for %s", group.request.request_id)
-                sched.abort(group, "error", request_error(exc, "prefill"))
-                continue
-            group.prefilled += len(chunk)
-            parent.kv_len = group.prefilled
-            budget -= len(chunk)
-            if last:
-                assert logits is not None
-                sched.slots.prefilling = None
-                rows = sched.place(group)
-                self._sample_and_advance(logits[None].repeat(len(rows), 1), rows)
-                self._cache_prompts([group])
-        return budget
-
-    def _prefill_batch(self, groups: list[SequenceGroup]) -> None:
-        """Several short prompts in one forward: a step's cost is mostly reading the weights once."""
-        sched = self.scheduler
-        slot = len(sched.slots.decoding)
-        for group in groups:
-            parent = sched.new_parent(group)
-            sched.slots.seat(parent, slot)
-            sched.load_cached_prefix(group)  # a cached prefix: only the rest of the prompt runs
-            sched.slots.grow(parent, len(group.request.prompt_ids))
-            slot += group.params.width  # its n/best_of children take the slots right after it
+    def _forward(self, plan: StepPlan) -> tuple[torch.Tensor, list[Sequence], list[PrefillSpan], Failures]:
+        """The plan in one forward. Returns its logits (a row for each decode row, then for each span that
+        samples), the decode rows and the spans that ran, and the requests that failed."""
+        rows = plan.decode
+        spans = [Span(s.seq.slot, s.tokens, s.start, s.samples, s.adapter, s.embeds) for s in plan.prefill]
+        tokens, positions = [s.output_ids[-1] for s in rows], [s.kv_len for s in rows]
+        adapters = [s.params.lora_adapter for s in rows]
+        self.timing.lap("stage")
         try:
-            logits = self.runner.prefill_batch(
-                [g.sequences[0].slot for g in groups], [g.request.prompt_ids[g.prefilled:] for g in groups],
-                [g.params.lora_adapter for g in groups], starts=[g.prefilled for g in groups])
-        except Exception as exc:  # a forward failure must not take the engine down
+            return self.runner.step(tokens, positions, adapters, spans), rows, plan.prefill, {}
+        except Exception as exc:
             if is_device_fault(exc):
                 raise
-            log.exception("batched prefill failed; prefilling its requests one by one")
-            self._prefill_groups_alone(groups)
-            return
-        rows: list[Sequence] = []
-        for group in groups:
-            group.prefilled = len(group.request.prompt_ids)
-            group.sequences[0].kv_len = group.prefilled
-            rows += sched.place(group)
-        if len(rows) > len(groups):  # n/best_of: each candidate samples from its prompt's logits
-            # given its output size, repeat_interleave needs no host sync to size the result
-            widths = stage([g.params.width for g in groups], torch.long, logits.device)
-            logits = logits.repeat_interleave(widths, dim=0, output_size=len(rows))
-        self._sample_and_advance(logits, rows)
-        self._cache_prompts(groups)
+            log.exception("a step's forward failed; running its rows and spans one by one")
+        return self._forward_alone(plan)
+
+    def _forward_alone(self, plan: StepPlan) -> tuple[torch.Tensor, list[Sequence], list[PrefillSpan], Failures]:
+        """After a failed step: one forward per decode row (a one-token prefill at its position writes the same
+        K/V) and per span, so that only the requests whose own forward fails (e.g. their adapter) fail, with
+        every row and span of theirs."""
+        failures: Failures = {}
+        decoded: list[tuple[Sequence, torch.Tensor]] = []
+        for seq in plan.decode:
+            try:
+                decoded.append((seq, self.runner.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
+                                                         adapter=seq.params.lora_adapter)))
+            except Exception as exc:
+                failures.setdefault(id(seq.group), (seq.group, request_error(exc, "decode")))
+        spans: list[tuple[PrefillSpan, torch.Tensor | None]] = []
+        for span in plan.prefill:
+            group = owner(span.job)
+            fill = self.runner.prefill if span.samples else self.runner.prefill_part
+            try:
+                spans.append((span, fill(span.seq.slot, span.tokens, span.start, adapter=span.adapter,
+                                         embeds=span.embeds)))
+            except Exception as exc:
+                log.exception("prefill failed for %s", group.request.request_id)
+                failures.setdefault(id(group), (group, request_error(exc, "prefill")))
+        decoded = [(seq, row) for seq, row in decoded if id(seq.group) not in failures]
+        spans = [(span, row) for span, row in spans if id(owner(span.job)) not in failures]
+        rows = [row for _, row in decoded] + [row for _, row in spans if row is not None]
+        logits = torch.stack(rows) if rows else torch.empty(0, self.runner.vocab_size)
+        return logits, [seq for seq, _ in decoded], [span for span, _ in spans], failures
 
     def _cache_prompts(self, groups: list[SequenceGroup]) -> None:
         """Store each prompt's K/V in the prefix cache once its first token is out: the copy (72 MB for 1.5k tokens
         in fp32, 6-21 ms) was on the path to that token. A parent that already finished stored prompt and output
         on retiring (stop or length), or is gone."""
         for group in groups:
-            if not group.sequences[0].finished:
+            if not group.sequences[0].finished and not group.sent_final:
                 self.scheduler.cache_prompt(group)
-
-    def _prefill_groups_alone(self, groups: list[SequenceGroup]) -> None:
-        """After a failed batched prefill: each prompt alone, so only the requests whose own forward fails
-        (e.g. their adapter) fail. Slots are handed out again over the survivors only."""
-        slot = len(self.scheduler.slots.decoding)
-        survivors: list[tuple[SequenceGroup, torch.Tensor]] = []
-        for group in groups:
-            prompt, parent = group.request.prompt_ids, group.sequences[0]
-            # the whole prompt runs again, in what may be another slot, into blocks of its own (a cached prefix's
-            # blocks are shared: nothing may write them again)
-            self.scheduler.slots.free(parent)
-            self.scheduler.slots.seat(parent, slot)
-            self.scheduler.slots.grow(parent, len(prompt))
-            group.cached_tokens = 0
-            try:
-                logits = self.runner.prefill(slot, prompt, 0, adapter=group.params.lora_adapter)
-            except Exception as exc:
-                self.scheduler.abort(group, "error", request_error(exc, "prefill"))
-                continue
-            group.prefilled = group.sequences[0].kv_len = len(prompt)
-            survivors.append((group, logits))
-            slot += group.params.width
-        rows: list[Sequence] = []
-        for group, _ in survivors:
-            rows += self.scheduler.place(group)  # every survivor is placed before any is sampled
-        if rows:
-            self._sample_and_advance(torch.cat([row[None].repeat(g.params.width, 1) for g, row in survivors]), rows)
-
-    # -- decode --------------------------------------------------------------------------------
-
-    def _decode(self) -> None:
-        rows = list(self.scheduler.slots.decoding)
-        tokens = [s.output_ids[-1] for s in rows]
-        positions = [s.kv_len for s in rows]
-        adapters = [s.params.lora_adapter for s in rows]
-        self.timing.lap("stage")
-        try:
-            logits = self.runner.decode(tokens, positions, adapters)
-        except Exception as exc:
-            if is_device_fault(exc):
-                raise
-            log.exception("batched decode failed; retrying its rows one by one")
-            self._decode_rows_alone(rows)
-            return
-        for s in rows:
-            s.kv_len += 1
-        self.timing.lap("forward")
-        self._sample_and_advance(logits, rows)
-
-    def _decode_rows_alone(self, rows: list[Sequence]) -> None:
-        """After a failed batched step: one forward per row (a one-token prefill at its position writes
-        the same K/V), so that only the rows whose own forward fails (e.g. their adapter) fail."""
-        ok: list[Sequence] = []
-        row_logits: list[torch.Tensor] = []
-        failures: Failures = {}
-        for seq in rows:
-            if id(seq.group) in failures:
-                continue
-            try:
-                row_logits.append(self.runner.prefill(seq.slot, seq.output_ids[-1:], seq.kv_len,
-                                                      adapter=seq.params.lora_adapter))
-            except Exception as exc:
-                failures[id(seq.group)] = (seq.group, request_error(exc, "decode"))
-                continue
-            ok.append(seq)
-        keep = [i for i, seq in enumerate(ok) if id(seq.group) not in failures]
-        ok = [ok[i] for i in keep]
-        for seq in ok:
-            seq.kv_len += 1
-        self.scheduler.fail(failures)  # after the good rows' K/V is counted: their lengths are right when rows move
-        if ok:
-            self._sample_and_advance(torch.stack([row_logits[i] for i in keep]), ok)
 
     # -- sample, process outputs, update -------------------------------------------------------
 

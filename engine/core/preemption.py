@@ -114,9 +114,9 @@ class Preemption:
         job.prefilled, job.cached_tokens, job.sequences = 0, 0, []  # its prompt runs again from the start
         self.waiting.appendleft(job)
 
-    def start_recompute(self) -> Recompute | None:
+    def start_recompute(self, slot: int, available: int) -> Recompute | None:
         """The preempted candidate being recomputed: the one in progress, else the oldest waiting one if its
-        blocks fit now (in slot B, from its cached prefix if the prefix cache holds one)."""
+        blocks fit in `available` (seated in `slot`, from its cached prefix if the prefix cache holds one)."""
         job = self.slots.prefilling
         if isinstance(job, Recompute):
             return job  # at slot B (a retiring row moves it down: SlotTable.retire)
@@ -129,12 +129,12 @@ class Preemption:
         if self.prefix_cache is not None:
             cached = self.prefix_cache.lookup(tokens, salt_of(seq.group), touch=False)
             need -= sum(1 for b in cached if self.slots.pool.refs[b])
-        if not self.slots.fits(need, 1, len(self.slots.decoding), self.slots.available()):
+        if not self.slots.fits(need, 1, slot, available):
             return None
         self.preempted.remove(seq)
         job = Recompute(seq)
         self.slots.prefilling = job
-        self.slots.seat(seq, len(self.slots.decoding))
+        self.slots.seat(seq, slot)
         self.slots.share(seq, cached)
         job.prefilled = seq.kv_len = len(cached) * BLOCK_TOKENS
         return job

@@ -1,11 +1,11 @@
-"""Admission and the step's prefill plan: which waiting requests run, in which rows, and their ending.
+"""Admission and the requests' lifecycle: which waiting requests run, in which rows, and their ending.
 
-It admits requests (the checks of engine.core.admission, then room for their prompts' KV blocks), hands the engine
-core the whole short prompts for one batched prefill or the next chunk of one long prompt, aborts requests
-(cancelled, failed), places prefilled candidates and retires finished ones through the slot table
-(engine.core.slots, which states the row invariant and how blocks are taken), and keys and reuses the prefix
-cache's blocks. Who gives way when the blocks run out, and how they come back, is engine.core.preemption's part.
-It never runs a forward or samples: that is engine.core.engine_core's step.
+It admits requests (the checks of engine.core.admission, then room for their prompts' KV blocks), picks the whole
+short prompts for one batched prefill or the next prompt to prefill chunk by chunk, aborts requests (cancelled,
+failed), places prefilled candidates and retires finished ones through the slot table (engine.core.slots, which
+states the row invariant and how blocks are taken), and keys and reuses the prefix cache's blocks. How a step is
+planned from these is engine.core.planner's part; who gives way when the blocks run out, and how they come back,
+is engine.core.preemption's. It never runs a forward or samples: that is engine.core.engine_core's step.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.core import kv_events
 from engine.core.admission import check_kv_room, check_request
+from engine.core.planner import Planner
 from engine.core.preemption import BYPASS_LIMIT, Preemption
 from engine.core.prefix_cache import PrefixCache, salt_of
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 
-class Scheduler(Preemption):
+class Scheduler(Preemption, Planner):
     def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False,
                  publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
@@ -202,20 +203,20 @@ class Scheduler(Preemption):
         for group in reversed(groups):
             self.waiting.appendleft(group)
 
-    def start_prefill(self) -> SequenceGroup | None:
-        """The request whose prompt is being prefilled: the one in progress, else the next waiting one if it
-        fits (admitted now, its cached prefix loaded into its slot); None when nothing can start (no room; a
-        preempted candidate being recomputed, or one whose turn it is: _preempted_turn)."""
+    def start_prefill(self, slot: int, available: int) -> SequenceGroup | None:
+        """The request whose prompt is being prefilled: the one in progress, else the next waiting one that fits
+        in `available` blocks (admitted now and seated in `slot`, its cached prefix loaded); None when nothing can
+        start (no room; a preempted candidate being recomputed, or one whose turn it is: _preempted_turn)."""
         if self.slots.prefilling is None:
             if self._preempted_turn():
                 return None
-            group = self._admissible(len(self.slots.decoding), self.slots.available())
+            group = self._admissible(slot, available)
             if group is None:
                 return None  # wait for slots / KV budget to free up
             self._take(group)
             self._admit(group)
             self.slots.prefilling = group
-            self.slots.seat(self.new_parent(group), len(self.slots.decoding))
+            self.slots.seat(self.new_parent(group), slot)
             self.load_cached_prefix(group)
         if isinstance(self.slots.prefilling, Recompute):
             return None

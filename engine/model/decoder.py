@@ -252,14 +252,14 @@ class Decoder:
         `starts`: positions already in each slot (a cached prefix), so `prompts` are the rest of each
         prompt; None: whole prompts. `lora`: one row per token of the forward (`batch_token_adapters`).
 
-        Our kernels take the prompts end to end (`_prefill_packed`). Under SDPA each prompt is right-padded to the
+        Our kernels take the prompts end to end (`forward_packed`). Under SDPA each prompt is right-padded to the
         longest: only real tokens write K/V, and a pad query attends to its row's real keys (its garbage stays
         finite and goes nowhere).
         """
         k, longest = len(prompts), max(len(p) for p in prompts)
         starts = starts or [0] * k
         if self.native_attention:
-            return self._prefill_packed(cache, slots, prompts, starts, lora)
+            return self.forward_packed(cache, slots, prompts, starts, lora=lora)
         span = max(s + len(p) for s, p in zip(starts, prompts, strict=True))  # keys any row reads
         # one host->device copy of the padded ids, the lengths and the starts
         staged = stage([p + [0] * (longest - len(p)) + [len(p), start]
@@ -287,36 +287,52 @@ class Decoder:
         normed = self._layers(h, rope, lora, attend)
         return self.logits(normed.view(k, longest, -1)[torch.arange(k, device=self.device), lengths - 1])
 
-    def _prefill_packed(self, cache: KVCache, slots: list[int], prompts: list[list[int]], starts: list[int],
-                        lora: LoraBatch | None) -> torch.Tensor:
-        """`prefill_batch` with our attention kernels: the prompts end to end, with no padding, since every linear
-        row costs the same and gets the same bits whichever batch it is in; attention runs prompt by prompt. Prompts
-        of 40 to 320 tokens padded to the longest would cost about half again as much."""
+    @torch.inference_mode()
+    def forward_packed(self, cache: KVCache, slots: list[int], chunks: list[list[int]], starts: list[int],
+                       decode: int = 0, sample: list[bool] | None = None, lora: LoraBatch | None = None,
+                       embeds: list[torch.Tensor | None] | None = None) -> torch.Tensor:
+        """Several sequences' tokens end to end in one forward, with no padding, under our attention kernels
+        (`native_attention`): chunk i continues the sequence in `slots[i]` from position `starts[i]`. The first
+        `decode` chunks are decode rows (one token each; our decode kernel writes and reads their K/V), so one
+        forward can decode some rows while it prefills others. Every linear row costs the same and gets the same
+        bits whichever batch it is in, and attention runs chunk by chunk, so each row's bits are the ones it has
+        alone. Prompts of 40 to 320 tokens padded to the longest would cost about half again as much.
+        Returns [r, V] logits: each decode row's, then the last token's of each other chunk that samples (`sample`:
+        a flag per chunk; None: all). `lora`: one row per token; `embeds`: per chunk, input embeddings that replace
+        its tokens' (None: the tokens')."""
         bounds = [0]
-        for prompt in prompts:
-            bounds.append(bounds[-1] + len(prompt))
-        # one host->device copy: the ids, each token's position and its prompt's row (for its block table)
-        staged = stage([[t for p in prompts for t in p],
-                        [start + i for p, start in zip(prompts, starts, strict=True) for i in range(len(p))],
-                        [row for row, p in enumerate(prompts) for _ in p]], torch.long, self.device)
+        for chunk in chunks:
+            bounds.append(bounds[-1] + len(chunk))
+        # one host->device copy: the ids, each token's position and its chunk (for its block table)
+        staged = stage([[t for c in chunks for t in c],
+                        [start + i for c, start in zip(chunks, starts, strict=True) for i in range(len(c))],
+                        [row for row, c in enumerate(chunks) for _ in c]], torch.long, self.device)
         positions = staged[1]
         h = self._embed(staged[0])
+        for row, rows_embeds in enumerate(embeds or []):
+            if rows_embeds is not None:
+                h[bounds[row] : bounds[row + 1]] = rows_embeds.to(self.device, self.dtype)
         tables = cache.tables_of(slots)
         block, offset = cache.locate(tables, positions, staged[2])
-        rope = self._rope_at(positions)
+        decode_tables, decode_positions = tables[:decode], positions[:decode]
 
         def attend(i: int, q: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
-            cache.write(i, block, offset, kk, vv)
             q = q.view(-1, self.n_heads, self.head_dim)
             attn = torch.empty_like(q)
-            for row, start in enumerate(starts):
+            if decode:
+                attn[:decode] = decode_attention(q[:decode], kk[:decode], vv[:decode], cache.k[i], cache.v[i],
+                                                 decode_tables, decode_positions, self.bf16_attention)
+            if bounds[-1] > decode:
+                cache.write(i, block[decode:], offset[decode:], kk[decode:], vv[decode:])
+            for row in range(decode, len(chunks)):
                 a, b = bounds[row], bounds[row + 1]
-                attn[a:b] = chunk_attention(q[a:b], cache.k[i], cache.v[i], tables[row], start, native=True,
+                attn[a:b] = chunk_attention(q[a:b], cache.k[i], cache.v[i], tables[row], starts[row], native=True,
                                             bf16=self.bf16_attention)
             return attn.reshape(bounds[-1], -1)
 
-        normed = self._layers(h, rope, lora, attend)
-        return self.logits(normed[[b - 1 for b in bounds[1:]]])
+        normed = self._layers(h, self._rope_at(positions), lora, attend)
+        last = [b - 1 for row, b in enumerate(bounds[1:]) if row < decode or sample is None or sample[row]]
+        return self.logits(normed[last])
 
     def decode_hidden(self, cache: KVCache, token_tensor: torch.Tensor, positions_t: torch.Tensor, span: int,
                       lora: LoraBatch | None = None, masked: bool = True, tables: torch.Tensor | None = None

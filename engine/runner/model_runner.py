@@ -9,14 +9,28 @@ model math.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.model.decoder import Decoder
 from engine.model.kv_cache import KVCache
 from engine.model.selection import AnyDecoder
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.staging import stage
+
+
+@dataclass
+class Span:
+    """Part of one sequence's prompt (or tokens being recomputed) that a step's forward prefills."""
+
+    slot: int
+    tokens: list[int]
+    start: int  # the position of tokens[0]
+    sample: bool  # the logits of its last token are wanted (the span ends a new prompt)
+    adapter: str | None = None
+    embeds: torch.Tensor | None = None  # input embeddings that replace the tokens' (an image request's prompt)
 
 
 class ModelRunner:
@@ -64,6 +78,36 @@ class ModelRunner:
         positions each slot already holds (a cached prefix), which `prompts` continue; None: whole prompts."""
         lora = self._lora(self.decoder.batch_token_adapters(prompts, adapters)) if any(adapters) else None
         return self.decoder.prefill_batch(self.cache, slots, prompts, starts=starts, lora=lora)
+
+    def step(self, tokens: list[int], positions: list[int], adapters: list[str | None], spans: list[Span]
+             ) -> torch.Tensor:
+        """One engine step: decode rows 0..B-1 (row i feeds `tokens[i]` at `positions[i]`) and prefill `spans`.
+        Returns [B + S, V] logits: the decode rows', then the last token's of each of the S spans that sample.
+        Under our attention kernels it is one forward (the weights are read once for the step); otherwise the
+        decode rows and the spans run as the forwards they have alone (CUDA graphs, the padded SDPA batch)."""
+        if not spans:
+            return self.decode(tokens, positions, adapters)
+        if isinstance(self.decoder, Decoder) and self.decoder.native_attention:
+            token_adapters = adapters + [s.adapter for s in spans for _ in s.tokens]
+            embeds: list[torch.Tensor | None] = [None] * len(tokens)
+            embeds += [s.embeds for s in spans]
+            return self.decoder.forward_packed(
+                self.cache, list(range(len(tokens))) + [s.slot for s in spans],
+                [[t] for t in tokens] + [s.tokens for s in spans], positions + [s.start for s in spans],
+                decode=len(tokens), sample=[True] * len(tokens) + [s.sample for s in spans],
+                lora=self._lora(token_adapters), embeds=embeds)
+        parts = [self.decode(tokens, positions, adapters)] if tokens else []
+        if len(spans) > 1 and all(s.sample and s.embeds is None for s in spans):  # whole short prompts
+            parts.append(self.prefill_batch([s.slot for s in spans], [s.tokens for s in spans],
+                                            [s.adapter for s in spans], starts=[s.start for s in spans]))
+        else:
+            for s in spans:
+                logits = self._prefill(s.slot, s.tokens, s.start, s.adapter, s.embeds, sample=s.sample)
+                if logits is not None:
+                    parts.append(logits[None])
+        if not parts:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     @torch.inference_mode()
     def decode(self, token_ids: list[int], positions: list[int], adapters: list[str | None] | None = None

@@ -7,7 +7,8 @@ import torch
 
 def assert_same_logits_chunked_cached_batched_or_decoded(dec, cache, prompt: list[int], whole: torch.Tensor) -> None:
     """`whole` is `prompt`'s last logits from one prefill into slot 0 of `cache` (3 slots): the same bits chunked,
-    after a cached prefix, in a batch with another prompt, and decoding the last token after the rest."""
+    after a cached prefix, in a batch with another prompt, decoding the last token after the rest, and decoding it
+    in the forward that prefills a third prompt."""
     dec.prefill(cache, 1, prompt[:64], 0)  # chunked, as the scheduler's prefill budget does
     dec.prefill(cache, 1, prompt[64:128], 64)
     assert torch.equal(dec.prefill(cache, 1, prompt[128:], 128), whole)
@@ -22,3 +23,13 @@ def assert_same_logits_chunked_cached_batched_or_decoded(dec, cache, prompt: lis
     stepped = dec.logits(dec.decode_hidden(cache, tokens, positions, span=len(prompt)))
     assert torch.equal(stepped[0], whole)
     assert torch.equal(stepped[1], dec.prefill(cache, 2, [*other, 7], 0))
+    # one forward that decodes both rows while it prefills a third prompt: each row has the bits it has alone
+    dec.prefill(cache, 0, prompt[:-1], 0)
+    dec.prefill(cache, 1, other, 0)
+    third = prompt[5:40]
+    mixed = dec.forward_packed(cache, [0, 1, 2], [[prompt[-1]], [7], third], [len(prompt) - 1, len(other), 0],
+                               decode=2)
+    assert mixed.shape[0] == 3
+    assert torch.equal(mixed[0], whole)
+    assert torch.equal(mixed[1], stepped[1])
+    assert torch.equal(mixed[2], dec.prefill(cache, 2, third, 0))

@@ -223,9 +223,9 @@ def test_a_preempted_candidate_takes_its_own_blocks_back_from_the_prefix_cache(m
     resumed_past_prompt = []  # per recompute: whether its cached start lies inside its output
     start = sched.start_recompute
 
-    def recording():
+    def recording(slot, available):
         before = sched.slots.prefilling
-        job = start()
+        job = start(slot, available)
         if job is not None and job is not before:
             resumed_past_prompt.append(job.prefilled > len(job.seq.prompt_ids))
         return job

@@ -81,14 +81,15 @@ def test_cache_hits_arriving_together_prefill_in_one_batch_and_give_the_same_tok
         reference[name] = run_one(make_scheduler(), name, turns[name], copy.deepcopy(params)).ids(name)
     sched = cached_scheduler()
     run_one(sched, "a", turns["a"], greedy(1))  # leaves the shared history in the cache
-    batches = []
-    prefill_batch = sched.runner.prefill_batch
+    batches = []  # per step that prefills: each span's start
+    step = sched.runner.step
 
-    def spy(slots, prompts, adapters, starts=None):
-        batches.append(list(starts or []))
-        return prefill_batch(slots, prompts, adapters, starts=starts)
+    def spy(tokens, positions, adapters, spans):
+        if spans:
+            batches.append([span.start for span in spans])
+        return step(tokens, positions, adapters, spans)
 
-    sched.runner.prefill_batch = spy
+    sched.runner.step = spy
     run = Run(sched)
     for name in names:
         run.add(name, turns[name], copy.deepcopy(params))
