@@ -37,7 +37,7 @@ def test_blocking_generation_longer_than_its_first_chunk_timeout_completes(stack
     # must outlast the timeout for the test to mean anything: exactly `tokens` tokens (min_new_tokens), three
     # times more each round until it does, on a machine of any speed.
     timeout_s = 3.0
-    for tokens in (160, 480, 1440):
+    for tokens in (240, 720, 2160):
         r, elapsed = _generate(stack, prompt=COUNTING, max_new_tokens=tokens,
                                options={"first_chunk_timeout_s": timeout_s,
                                         "default_sampling": {"min_new_tokens": tokens}})
