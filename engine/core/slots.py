@@ -2,8 +2,10 @@
 
 Invariant: decoding sequences occupy slots 0..B-1 in `decoding` order, and whatever is being prefilled (a new
 request's first candidate, or a preempted candidate being recomputed) holds slot B. A retiring sequence's slot is
-taken by the last row (and the prefilling one moves down after it), so a decode step reads rows 0..B-1. Moving a
-sequence moves its block table (one row of the cache's tables), never its K/V.
+taken by the last row (and the prefilling one moves down after it), so a decode step reads rows 0..B-1. Within a
+step, the prompts the step's plan completes sit in the rows after B, each with its candidates' rows after it, and
+the prompt left half-prefilled after them (engine.core.planner); once they are placed the invariant holds again.
+Moving a sequence moves its block table (one row of the cache's tables), never its K/V.
 
 KV memory is the pool's blocks (engine.core.block_pool), taken as positions are about to be written: a prefill
 chunk takes the blocks its tokens fill, and a decode step takes a block for each row whose next position starts

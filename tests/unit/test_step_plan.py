@@ -166,3 +166,23 @@ def test_a_request_whose_span_failed_leaves_no_hole_in_the_rows():
     assert rid(new_rows) == ["a", "c"]
     check_rows(sched)
     assert sched.slots.pool.used == 2 * 2  # "b" gave its blocks back; each of the others holds 2
+
+
+def test_preempted_candidates_come_back_together_in_one_plan_when_room_frees():
+    sched = scheduler(blocks=10, budget=512)  # 160 positions: the long request alone ends up holding all of them
+    add(sched, "long", 40, max_tokens=100)
+    add(sched, "b", 20, max_tokens=70)
+    add(sched, "c", 20, max_tokens=70)
+    plan = sched.schedule()
+    while not plan.prefill or not isinstance(plan.prefill[0].job, Recompute):
+        assert not plan.empty, "nothing came back"
+        run(sched, plan)
+        check_rows(sched)
+        plan = sched.schedule()
+    assert sched.stats.preemptions == 2
+    assert [s.job.group.request.request_id for s in plan.prefill] == ["b", "c"]  # oldest first, one forward
+    assert all(isinstance(s.job, Recompute) and s.completes for s in plan.prefill)
+    assert [s.seq.slot for s in plan.prefill] == [0, 1]
+    run(sched, plan)
+    check_rows(sched)
+    assert rid(sched.slots.decoding) == ["b", "c"]
