@@ -81,7 +81,7 @@ class Decoder:
         self.final_norm = inner.norm.weight.detach()
         self.lm_head: Weight = hf_model.lm_head.weight.detach()
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        # GEMM path by ISA and a quick measurement at load (engine.model.linear_kernels); weights prepacked if oneDNN
+        # GEMM path by the CPU's ISA (engine.model.linear_kernels; timed only when asked); weights prepacked if oneDNN
         self.linear_kind = "torch"
         first = self.layers[0]
         self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
