@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 
 from engine.core.sequence import Sequence, SequenceGroup
-from engine.core.slots import Prefilling, Recompute, SlotTable, blocks, owner
+from engine.core.slots import Prefilling, Recompute, SlotTable, job_rows, job_tokens, owner, still_takes
 from engine.core.stats import EngineStats
 from engine.core.step_plan import PrefillSpan, StepPlan
 
@@ -29,7 +29,7 @@ class Planner:
     prefill_budget: int
     stats: EngineStats
     _slot: int  # while planning: the row the next job is seated in
-    _reserved: int  # while planning: blocks the jobs completing this step still take (_still_takes)
+    _reserved: int  # while planning: blocks the jobs completing this step still take (still_takes)
 
     # implemented by the scheduler and engine.core.preemption, which come before this part in its bases
     def reap_cancelled(self) -> None:
@@ -80,9 +80,8 @@ class Planner:
     def _plan_span(self, plan: StepPlan, job: Prefilling, budget: int) -> int:
         """The job's next span within `budget` (its row takes the blocks the span writes). Returns the budget
         left."""
-        tokens = job.tokens if isinstance(job, Recompute) else job.request.prompt_ids
         start = job.prefilled
-        end = min(start + budget, len(tokens))
+        end = min(start + budget, len(job_tokens(job)))
         prompt = len(job.sequences[0].prompt_ids)
         if owner(job).request.prompt_embeds is not None and start < prompt:
             end = min(end, prompt)  # an image request's embeddings span its prompt only
@@ -91,20 +90,9 @@ class Planner:
         plan.prefill.append(span)
         if span.completes:
             self.slots.prefilling = None
-            width = 1 if isinstance(job, Recompute) else job.params.width
-            self._slot += width
-            self._reserved += self._still_takes(job)
+            self._slot += job_rows(job)
+            self._reserved += still_takes(job)  # its first decode position, its candidates' copies
         return budget - (end - start)
-
-    @staticmethod
-    def _still_takes(job: Prefilling) -> int:
-        """Blocks a job whose prompt is all written still takes when it is placed: the position of its first decode
-        step and a copy of a partly filled last block for each of its n/best_of children."""
-        if isinstance(job, Recompute):
-            total = blocks(len(job.tokens) + 1)
-        else:
-            total = blocks(len(job.request.prompt_ids) + 1) + job.params.width - 1
-        return max(0, total - len(job.sequences[0].blocks))
 
     def _plan_prompts(self, plan: StepPlan, budget: int) -> int:
         """New prompts within the budget: a batch of whole short ones, or the prompt in progress and then the next
@@ -140,15 +128,11 @@ class Planner:
             job.prefilled = span.end
             if not span.completes:
                 continue
-            self.slots.seat(seq, len(self.slots.decoding))
             if isinstance(job, Recompute):
-                self.slots.resume(job)
+                self.slots.resume(job)  # seated after the decode rows
             else:
+                self.slots.seat(seq, len(self.slots.decoding))
                 rows += self.place(job)
         if self.slots.prefilling is not None and self.slots.prefilling.sequences:
             self.slots.seat(self.slots.prefilling.sequences[0], len(self.slots.decoding))
         return rows
-
-    def cached_on_placement(self, spans: list[PrefillSpan]) -> list[SequenceGroup]:
-        """The new requests whose prompt completed: their prompt's blocks are keyed once their first token is out."""
-        return [span.job for span in spans if span.samples and isinstance(span.job, SequenceGroup)]

@@ -47,6 +47,24 @@ def owner(job: Prefilling) -> SequenceGroup:
     return job.group if isinstance(job, Recompute) else job
 
 
+def job_tokens(job: Prefilling) -> list[int]:
+    """The tokens a prefill job writes: a new request's prompt, or a recomputed candidate's."""
+    return job.tokens if isinstance(job, Recompute) else job.request.prompt_ids
+
+
+def job_rows(job: Prefilling) -> int:
+    """The decode rows a prefill job becomes: a new request's n/best_of candidates, or the one recomputed."""
+    return 1 if isinstance(job, Recompute) else job.params.width
+
+
+def still_takes(job: Prefilling) -> int:
+    """Blocks a prefill job will still take: the rest of its tokens and the position its first decode step writes,
+    and a copy of the partly filled last block for each of its n/best_of children."""
+    total = blocks(len(job_tokens(job)) + 1) + job_rows(job) - 1
+    held = len(job.sequences[0].blocks) if job.sequences else 0
+    return max(0, total - held)
+
+
 class SlotTable:
     def __init__(self, cache: KVCache, kv_budget_tokens: int | None = None) -> None:
         if cache.block_size != BLOCK_TOKENS:
@@ -71,17 +89,8 @@ class SlotTable:
         return self.pool.used
 
     def pending(self) -> int:
-        """Blocks the prefill in progress will still take: the rest of its prompt (and the position its first
-        decode step writes), and a copy of the partly filled last block for each of its n/best_of children."""
-        job = self.prefilling
-        if job is None:
-            return 0
-        if isinstance(job, Recompute):
-            total = blocks(len(job.tokens) + 1)
-        else:
-            total = blocks(len(job.request.prompt_ids) + 1) + job.params.width - 1
-        held = len(job.sequences[0].blocks) if job.sequences else 0
-        return max(0, total - held)
+        """Blocks the prefill in progress will still take (`still_takes`)."""
+        return 0 if self.prefilling is None else still_takes(self.prefilling)
 
     def available(self) -> int:
         """Blocks free for new work: what the pool has left (free and idle cached blocks), less what the prefill
@@ -160,7 +169,7 @@ class SlotTable:
         return list(group.sequences)
 
     def resume(self, job: Recompute) -> None:
-        """A recomputed candidate is a decode row again (it already sits at slot B)."""
+        """A recomputed candidate is a decode row again, seated after the others."""
         if self.prefilling is job:
             self.prefilling = None
         self.seat(job.seq, len(self.decoding))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.core.sequence import Sequence
-from engine.core.slots import Prefilling, Recompute, owner
+from engine.core.slots import Prefilling, Recompute, job_tokens, owner
 
 
 @dataclass
@@ -29,16 +29,13 @@ class PrefillSpan:
 
     @property
     def tokens(self) -> list[int]:
-        return self._all_tokens()[self.start : self.end]
-
-    def _all_tokens(self) -> list[int]:
-        return self.job.tokens if isinstance(self.job, Recompute) else self.job.request.prompt_ids
+        return job_tokens(self.job)[self.start : self.end]
 
     @property
     def completes(self) -> bool:
         """It ends its job: a new request samples its first token from the span's last position, a recomputed
         candidate is a decode row again (nothing is sampled: its next token is the one it already streamed)."""
-        return self.end == len(self._all_tokens())
+        return self.end == len(job_tokens(self.job))
 
     @property
     def samples(self) -> bool:
@@ -69,7 +66,3 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not (self.decode or self.prefill)
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(span.end - span.start for span in self.prefill)
