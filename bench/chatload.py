@@ -142,7 +142,8 @@ def main() -> None:
     parser.add_argument("--check-alone", type=int, default=8, help="first turns re-sent alone (0: none)")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="one more profile parameter for our side (an experiment; e.g. prefill_budget=2048)")
+                        help="one more profile parameter for our side (an experiment; e.g. "
+                             "max_num_batched_tokens=2048)")
     args = parser.parse_args()
     load = ChatLoad(users=args.users)
     results: dict[str, dict] = {}

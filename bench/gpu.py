@@ -122,7 +122,8 @@ class Bench:
         if "cuda_graphs" in fields:
             extra["cuda_graphs"] = not args.no_graphs
         config = EngineConfig(str(args.tokenizer), max_slots=args.concurrency, max_len=args.max_len,
-                              prefill_budget=512, device=self.device, dtype=str(self.dtype).removeprefix("torch."),
+                              max_num_batched_tokens=512 + args.concurrency, device=self.device,
+                              dtype=str(self.dtype).removeprefix("torch."),
                               **extra)
         self.engine = LLMEngine(config, loaded=(self.model, self.tok, None))
         self.engine.start()

@@ -68,7 +68,7 @@ def main() -> int:
             req = EngineRequest(rid, p, params, outs[rid].append, True)
             req.grammar = eng.grammar_factory(params)
             sched.scheduler.add(req)
-        sched.scheduler.prefill_budget = budget
+        sched.scheduler.token_budget = budget
         for _ in range(steps):
             if not sched.scheduler.has_work():
                 break

@@ -55,7 +55,12 @@ PARAMETERS: tuple[Parameter, ...] = (
               "one)", minimum=1),
     Parameter("max_queue", "int", 256, "engine", "requests waiting beyond the running ones; past it 503 "
               "`QUEUE_FULL`", minimum=1),
-    Parameter("prefill_budget", "int", 1024, "engine", "prompt tokens one step prefills", minimum=1),
+    Parameter("max_num_batched_tokens", "int", 1024, "engine", "tokens one step computes: a token for each decode "
+              "row, the rest for prompt chunks (at least `max_slots`)", minimum=1),
+    Parameter("max_num_partial_prefills", "int", 1, "engine", "prompts chunked at once; above 1 each prompt's chunk "
+              "is capped at its share of the budget, so short prompts start beside a long one", minimum=1),
+    Parameter("debug_scheduler_invariants", "bool", False, "engine", "check the scheduler's invariants (every "
+              "request in one state, the KV pool's accounting) after every step; a broken one fails the engine"),
     Parameter("kv_budget_tokens", "int", None, "engine", "KV memory in positions: the paged pool that running "
               "requests' blocks and the prefix cache's idle ones share ([kv-memory.md](kv-memory.md))",
               minimum=1, doc_default="`max_slots` x `context_length`"),
@@ -120,7 +125,9 @@ class Profile:
     max_output_tokens: int
     max_slots: int
     max_queue: int
-    prefill_budget: int
+    max_num_batched_tokens: int
+    max_num_partial_prefills: int
+    debug_scheduler_invariants: bool
     kv_budget_tokens: int | None
     kv_memory: int | float | None
     prefix_cache_tokens: int

@@ -187,7 +187,7 @@ def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_pa
         "max_queue": str(slots * 4),
         "kv_budget_tokens": str(kv_tokens),
         "prefix_cache_tokens": str(prefix),
-        "prefill_budget": "1024",
+        "max_num_batched_tokens": "1024",
         "burst_window_ms": "20",
         "grammar_kinds": "" if is_vision else "json_schema,regex,ebnf",
         "image_input": "true" if is_vision else "false",

@@ -17,8 +17,8 @@ import torch
 from engine.core.engine_core import EngineCore
 from engine.core.inbox import Inbox
 from engine.core.kv_events import ZmqPublisher
+from engine.core.kv_manager import BLOCK_TOKENS
 from engine.core.postprocess import OutputPostprocessor
-from engine.core.slots import BLOCK_TOKENS
 from engine.core.stats import EngineStats
 from engine.core.step_timing import StepTiming
 from engine.errors import EngineError, is_device_fault
@@ -53,7 +53,11 @@ class EngineConfig:
     model_path: str
     max_slots: int = 64
     max_len: int = 2048
-    prefill_budget: int = 1024  # prompt tokens a step prefills (2048 measured no faster on the 2-core CPU)
+    # tokens a step computes, a token for each decode row and the rest for prompt chunks (vLLM's name; 2048 measured
+    # no faster on the 2-core CPU)
+    max_num_batched_tokens: int = 1024
+    max_num_partial_prefills: int = 1  # prompts chunked at once (engine.core.scheduler)
+    check_scheduler_invariants: bool = False  # check them after every step (tests; a debug setting when served)
     max_queue: int = 256
     device: str = "cpu"
     dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
@@ -154,11 +158,13 @@ class LLMEngine:
         if config.kv_events_endpoint:
             self.kv_events = ZmqPublisher(config.kv_events_endpoint, config.kv_events_topic,
                                           config.kv_events_replay_endpoint)
-        self.core = EngineCore(self.runner, self.sampler, self.tokenizer, config.prefill_budget,
+        self.core = EngineCore(self.runner, self.sampler, self.tokenizer, config.max_num_batched_tokens,
                                config.kv_budget_tokens, config.prefix_cache_tokens,
                                postprocess=OutputPostprocessor(self.tokenizer).for_sequence,
                                reasoning=config.reasoning,
-                               publish_kv_events=self.kv_events.publish if self.kv_events is not None else None)
+                               publish_kv_events=self.kv_events.publish if self.kv_events is not None else None,
+                               max_partial_prefills=config.max_num_partial_prefills,
+                               check_invariants=config.check_scheduler_invariants)
         self.grammars = GrammarCompilerCache(self.tokenizer, decoder.vocab_size, self.sampler.stop_token_set,
                                              config.grammar_budget_s)
 
@@ -275,7 +281,7 @@ class LLMEngine:
         """vLLM's cache_config_info labels: the KV block size and the number of blocks, and whether prefix caching
         is on (what KV-aware routers read)."""
         scheduler = self.core.scheduler
-        return {"block_size": str(BLOCK_TOKENS), "num_gpu_blocks": str(scheduler.slots.budget_blocks),
+        return {"block_size": str(BLOCK_TOKENS), "num_gpu_blocks": str(scheduler.kv.total_blocks),
                 "enable_prefix_caching": str(scheduler.prefix_cache is not None).lower()}
 
     @property

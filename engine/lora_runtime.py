@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from engine.core.slots import owner
 from engine.errors import EngineError
 from engine.model.lora import load_adapters
 
@@ -191,10 +190,8 @@ def requests_info(scheduler, lora: LoraRuntime, max_loras: int) -> dict[str, str
     waiting: list[Any] = []
     for _ in range(3):
         try:
-            running = [s.group for s in list(scheduler.slots.decoding)]
-            if scheduler.slots.prefilling is not None:
-                running.append(owner(scheduler.slots.prefilling))
-            waiting = list(scheduler.waiting) + [s.group for s in list(scheduler.preempted)]
+            running = [s.group for s in list(scheduler.running)]
+            waiting = [s.group for s in scheduler.waiting]
             break
         except RuntimeError:
             continue

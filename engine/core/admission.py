@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Container
 
+from engine.core.kv_manager import blocks
 from engine.core.sequence import SequenceGroup
-from engine.core.slots import blocks
 from engine.errors import EngineError
 from engine.request import EngineRequest
 

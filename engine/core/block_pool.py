@@ -68,11 +68,6 @@ class BlockPool:
             else:
                 self.free.append(block)
 
-    def touch(self, block: int) -> None:
-        """A cache hit on an idle block: it is the most recently used."""
-        if block in self.idle:
-            self.idle.move_to_end(block)
-
     def set_cached(self, block: int, cached: bool) -> None:
         """The prefix cache keys `block` now, or no longer (an idle block it drops is free again)."""
         self.cached[block] = cached

@@ -58,8 +58,6 @@ class PrefixCache:
         self.capacity = max(capacity_tokens // block_tokens, 0)  # keyed blocks, held or idle
         self.entries: dict[BlockKey, _Block] = {}
         self.key_of: dict[int, BlockKey] = {}  # pool block -> its key
-        self.hit_tokens = 0  # counters for metrics and benchmarks
-        self.queried_tokens = 0
         self.events: list[dict[str, Any]] | None = None  # a list: stored and evicted blocks are recorded there
 
     def __bool__(self) -> bool:
@@ -77,26 +75,19 @@ class PrefixCache:
             parent = key
 
     def prompt_chain(self, tokens: list[int], salt: object) -> list[tuple[BlockKey, BlockKey | None, tuple[int, ...]]]:
-        """The chain `lookup` walks for a prompt, to compute once for a request that is looked up many times (each
-        step it waits, admission asks what its cached prefix would spare)."""
+        """The keys `lookup` walks for these tokens: each full block's but the one holding the last token, whose
+        logits start the generation, so a hit always leaves at least that token to compute."""
         return list(self._chain(tokens, salt, len(tokens) - 1))
 
-    def lookup(self, tokens: list[int], salt: object, touch: bool = True,
-               chain: list[tuple[BlockKey, BlockKey | None, tuple[int, ...]]] | None = None) -> list[int]:
-        """Pool blocks of the longest cached chain of full blocks, leaving at least one token to prefill
-        (its logits start the generation). `touch=False` only peeks (no LRU update, no counting). `chain`: the
-        prompt's `prompt_chain`, if already computed."""
+    def lookup(self, chain: list[tuple[BlockKey, BlockKey | None, tuple[int, ...]]]) -> list[int]:
+        """Pool blocks of the longest cached run of `chain` (a `prompt_chain`) from its start. A peek: nothing is
+        held, counted or moved (the KV manager holds the hits it allocates)."""
         found: list[int] = []
-        for key, parent, block in chain if chain is not None else self._chain(tokens, salt, len(tokens) - 1):
+        for key, parent, block in chain:
             entry = self.entries.get(key)
             if entry is None or entry.parent != parent or entry.tokens != block:
                 break
-            if touch:
-                self.pool.touch(entry.block)
             found.append(entry.block)
-        if touch:
-            self.queried_tokens += len(tokens)
-            self.hit_tokens += len(found) * self.block_tokens
         return found
 
     def store(self, tokens: list[int], salt: object, blocks: list[int], length: int) -> None:

@@ -1,146 +1,139 @@
-"""Admission and the requests' lifecycle: which waiting requests run, in which rows, and their ending.
+"""The scheduler: which sequences compute which tokens in the next step, and the requests' lifecycle.
 
-It admits requests (the checks of engine.core.admission, then room for their prompts' KV blocks), picks the whole
-short prompts for one batched prefill or the next prompt to prefill chunk by chunk, aborts requests (cancelled,
-failed), places prefilled candidates and retires finished ones through the slot table (engine.core.slots, which
-states the row invariant and how blocks are taken), and keys and reuses the prefix cache's blocks. How a step is
-planned from these is engine.core.planner's part; who gives way when the blocks run out, and how they come back,
-is engine.core.preemption's. It never runs a forward or samples: that is engine.core.engine_core's step.
+One number per sequence says where it stands, as in vLLM v1: its computed tokens (`Sequence.num_computed`). Each
+step has one token budget, decode rows included (vLLM's `max_num_batched_tokens`). `schedule()` gives every
+running sequence its next tokens, oldest first: a decode row its last token, a prompt the next chunk of its
+tokens. Each one gets its KV room from one call (engine.core.kv_manager `allocate`); when the blocks run out, the
+newest running sequence is preempted: its blocks are freed and stay keyed in the prefix cache, its computed count
+goes back to 0, and it waits at the front of the queue. Then, if nobody had to give way, waiting sequences are
+admitted from the head of the queue (engine.core.waiting_queue) while the budget, the rows and the blocks last,
+each starting from its cached prefix. A preempted candidate comes back the same way as a new prompt: its prompt and
+every token it has streamed are its tokens, mostly found in the prefix cache, and its span samples the next one.
+It keeps its generator, grammar state and detokenizer, and under our kernels a prefill computes the bits the
+decode steps did, so its tokens are the ones it would have had and nothing is sent twice.
+
+`complete()` runs after the forward: the computed counts move on, and a finished prompt forks its n/best_of
+candidates. The scheduler never runs a forward: that is engine.core.engine_core's step.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from engine.core import kv_events
 from engine.core.admission import check_kv_room, check_request
-from engine.core.planner import Planner
-from engine.core.preemption import BYPASS_LIMIT, Preemption
-from engine.core.prefix_cache import PrefixCache, salt_of
+from engine.core.kv_manager import BLOCK_TOKENS, KVManager
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
-from engine.core.slots import BLOCK_TOKENS, Recompute, SlotTable, blocks, owner
 from engine.core.stats import EngineStats
+from engine.core.step_plan import PlannedSpan, StepPlan
+from engine.core.waiting_queue import FcfsQueue
 from engine.errors import EngineError
-from engine.request import EngineRequest
+from engine.request import EngineRequest, RequestOutput
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
 
+# a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
+# gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
+PREEMPTED_HEARTBEAT_S = 10.0
 
 
-class Scheduler(Preemption, Planner):
-    def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, prefill_budget: int = 1024,
+def _age(seq: Sequence) -> tuple[int, int]:
+    """(admission, candidate): larger is newer, and the newest running sequence is preempted first."""
+    return (seq.group.admission, seq.index)
+
+
+def _seats(seq: Sequence) -> int:
+    """Batch rows the sequence will hold: a new prompt's every n/best_of candidate, forked once it is computed."""
+    return 1 if seq.group.forked else seq.group.params.width
+
+
+class _Step:
+    """One step's scheduling as it goes: the budget left, and which sequence computes up to which position."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.partial = 0  # prompt spans this step that stop short of their end
+        self.growth = 0  # rows whose next step starts a new block (admission keeps room for them)
+        self.scheduled: list[tuple[Sequence, int]] = []
+
+    def add(self, seq: Sequence, end: int) -> None:
+        self.budget -= end - seq.num_computed
+        self.scheduled.append((seq, end))
+        if end < seq.num_tokens:
+            self.partial += 1
+        elif end % BLOCK_TOKENS == 0:
+            self.growth += 1 if seq.group.forked else seq.group.params.width
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, max_num_batched_tokens: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False,
-                 publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+                 publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None,
+                 max_partial_prefills: int = 1, check_invariants: bool = False) -> None:
         """`counts`: the sampler's penalty counts (a retired row's is freed at once); `reasoning`: the model
-        thinks in <think>...</think> (its profile says so)."""
+        thinks in <think>...</think> (its profile says so); `max_partial_prefills`: prompts chunked at once (more
+        than one caps each prompt's chunk at its share of the budget, so short prompts start beside a long one);
+        `check_invariants`: check the requests' states and the pool's accounting after every step."""
         self.runner = runner
         self.counts = counts
         self.tokenizer = tokenizer
-        self.prefill_budget = prefill_budget
-        self.slots = SlotTable(runner.cache, kv_budget_tokens)
-        self.max_slots, self.max_len, self.kv_budget = self.slots.max_slots, self.slots.max_len, self.slots.kv_budget
-        self.waiting: collections.deque[SequenceGroup] = collections.deque()
-        self.preempted: list[Sequence] = []  # candidates waiting to be recomputed (first when they fit)
+        self.max_slots, self.max_len = runner.cache.slots, runner.cache.max_len
+        if max_num_batched_tokens < self.max_slots:  # every decode row must fit in one step's budget
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) is below max_slots "
+                             f"({self.max_slots})")
+        self.token_budget = max_num_batched_tokens
+        self.max_partial_prefills = max_partial_prefills
+        self.kv = KVManager(runner.cache, kv_budget_tokens, prefix_cache_tokens)
+        self.kv_budget = self.kv.budget_tokens
+        self.prefix_cache = self.kv.prefix_cache
+        self.waiting = FcfsQueue()
+        self.running: list[Sequence] = []
+        self.requests: dict[int, SequenceGroup] = {}  # every request not yet ended
         self.clock = time.monotonic  # injectable (tests)
-        self._admissions = itertools.count()  # admission order: the newest running candidate is preempted first
-        self.stats = EngineStats(kv_budget=self.slots.budget_blocks)
-        # K/V of past prompts and outputs, reused by requests that start the same way (0 tokens: off)
-        self.prefix_cache = PrefixCache(self.slots.pool, prefix_cache_tokens, BLOCK_TOKENS) \
-            if prefix_cache_tokens > 0 else None
+        self._admissions = itertools.count()
+        self.stats = EngineStats(kv_budget=self.kv.total_blocks)
+        self.check_invariants = check_invariants
+        self.reasoning = reasoning
         # KV events (engine.core.kv_events): the prefix cache records its stored and evicted blocks, sent each step
         self.publish_kv_events = publish_kv_events if self.prefix_cache is not None else None
         if self.publish_kv_events is not None and self.prefix_cache is not None:
             self.prefix_cache.events = []
             self.publish_kv_events([kv_events.all_blocks_cleared()])  # a new process holds no block yet
-        self.reasoning = reasoning
 
-    # -- admission -----------------------------------------------------------------------------
+    # -- requests ------------------------------------------------------------------------------
 
     def add(self, request: EngineRequest) -> None:
-        """Validate a request (engine.core.admission) and queue it."""
+        """Validate a request (engine.core.admission) and queue its first candidate."""
         check_request(request, self.max_len, self.max_slots, self.runner.adapters)
         group = SequenceGroup(request)
         if self.reasoning:
             group.reasoning = True
             group.thinking_open = self.tokenizer.decode(request.prompt_ids[-8:]).rstrip().endswith("<think>")
-        check_kv_room(group, self.slots.budget_blocks, self.kv_budget, self.max_len)
-        self.waiting.append(group)
-
-    def _claim(self, group: SequenceGroup) -> int:
-        """Blocks a new request takes to be prefilled and placed: its prompt and the position of its first token,
-        less the cached blocks a running sequence already holds (shared, they take no room), and a copy of a partly
-        filled last block for each candidate after the first."""
-        prompt = group.request.prompt_ids
-        need = blocks(len(prompt) + 1) + group.params.width - 1
-        refs = self.slots.pool.refs
-        return need - sum(1 for b in self._cached_blocks(group) if refs[b])
-
-    def _admissible(self, slots_in_use: int, available: int, after: int = 0) -> SequenceGroup | None:
-        """The first waiting request (from index `after`) that fits now. Not strict FIFO: one that must wait for
-        room does not hold back a later one that fits, but each may be passed over at most BYPASS_LIMIT times,
-        so a large request is not starved by a stream of small ones."""
-        for index in range(after, len(self.waiting)):
-            group = self.waiting[index]
-            if self.slots.fits(self._claim(group), group.params.width, slots_in_use, available):
-                return group
-            if group.bypassed >= BYPASS_LIMIT:
-                return None  # its turn: nothing goes past it until it fits
-        return None
-
-    def _take(self, group: SequenceGroup) -> None:
-        """Out of the waiting queue; every request it went past counts one more bypass."""
-        index = self.waiting.index(group)
-        for passed in itertools.islice(self.waiting, index):
-            passed.bypassed += 1
-        del self.waiting[index]
-
-    def _admit(self, group: SequenceGroup) -> None:
-        for seq in self.preempted:
-            seq.bypassed += 1
-        group.admission = next(self._admissions)
-        if group.admitted_at is None:  # once: a single short prompt is admitted again on the chunked path
-            group.admitted_at = time.monotonic()
-            self.stats.observe("request_queue_time", group.admitted_at - group.request.arrival)
-            self.stats.prompt_tokens += len(group.request.prompt_ids)
-            if self.prefix_cache is not None:
-                self.stats.prefix_queries += len(group.request.prompt_ids)
+        check_kv_room(group, self.kv.total_blocks, self.kv_budget, self.max_len)
+        parent = Sequence(group, 0, candidate_generator(group.params.seed, 0), self.tokenizer)
+        if request.grammar is not None:
+            parent.grammar = request.grammar()
+        group.sequences = [parent]
+        self.requests[id(group)] = group
+        self.waiting.add(parent)
 
     @property
     def queue_depth(self) -> int:
         """Requests waiting: not yet admitted, or preempted (as vLLM counts them)."""
-        return len(self.waiting) + len({id(seq.group) for seq in self.preempted})
+        return len({id(seq.group) for seq in self.waiting})
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.preempted) or self.slots.busy()
+        return bool(self.waiting or self.running)
 
-    def groups_in_flight(self) -> Iterator[SequenceGroup]:
-        """Every request the scheduler holds, once each: waiting, prefilling, decoding or preempted."""
-        seen: dict[int, SequenceGroup] = {id(g): g for g in self.waiting}
-        if self.slots.prefilling is not None:
-            seen.setdefault(id(owner(self.slots.prefilling)), owner(self.slots.prefilling))
-        for seq in self.slots.decoding + self.preempted:
-            seen.setdefault(id(seq.group), seq.group)
-        return iter(list(seen.values()))
-
-    # -- one step's bookkeeping -----------------------------------------------------------------
-
-    def end_step(self) -> None:
-        running = {id(s.group) for s in self.slots.decoding}
-        if self.slots.prefilling is not None:
-            running.add(id(owner(self.slots.prefilling)))
-        self.stats.running = len(running)
-        self.stats.kv_used = self.slots.used_blocks()
-        self._heartbeat_preempted()
-        if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
-            self.publish_kv_events(self.prefix_cache.events)
-            self.prefix_cache.events = []
+    def groups_in_flight(self) -> list[SequenceGroup]:
+        """Every request the scheduler holds, once each: waiting, running or preempted."""
+        return [group for group in list(self.requests.values()) if not group.sent_final]
 
     def reap_cancelled(self) -> None:
         for group in self.groups_in_flight():
@@ -149,15 +142,12 @@ class Scheduler(Preemption, Planner):
                 self.abort(group, "cancelled")
 
     def abort(self, group: SequenceGroup, reason: str, error: EngineError | None = None) -> None:
-        """Drop a request wherever it is, free its slots, and end it with one final output."""
-        if group in self.waiting:
-            self.waiting.remove(group)
-        self.slots.drop_prefill(group)
-        self.preempted = [s for s in self.preempted if s.group is not group]
-        for seq in [s for s in self.slots.decoding if s.group is group]:
+        """Drop a request wherever it is, free its blocks, and end it with one final output."""
+        for seq in group.sequences:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
             self.retire(seq)
-        for seq in group.sequences:  # a batched prefill's parent holds blocks outside any row
-            self.slots.free(seq)
+        self.requests.pop(id(group), None)
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
@@ -169,107 +159,219 @@ class Scheduler(Preemption, Planner):
             log.warning("request %s failed: %s", group.request.request_id, error.message)
             self.abort(group, "error", error)
 
-    def new_parent(self, group: SequenceGroup) -> Sequence:
-        parent = Sequence(group, 0, candidate_generator(group.params.seed, 0), self.tokenizer)
-        if group.request.grammar is not None:
-            parent.grammar = group.request.grammar()
-        group.sequences = [parent]
-        return parent
+    def retire(self, seq: Sequence) -> None:
+        """A candidate leaves the running batch (finished, or its request ended): its blocks go back."""
+        if seq in self.running:
+            self.running.remove(seq)
+        self.kv.free(seq)
+        self.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)
 
-    # -- prefill -------------------------------------------------------------------------------
+    # -- the plan ------------------------------------------------------------------------------
 
-    def take_short_prompts(self, budget: int) -> list[SequenceGroup]:
-        """Waiting requests whose prompt (past its cached prefix) fits the step's budget (in order, see
-        _admissible), for one batched prefill."""
-        batch: list[SequenceGroup] = []
-        if self._preempted_turn():
-            return batch
-        slots, available = len(self.slots.decoding), self.slots.available()
-        while group := self._admissible(slots, available, self.waiting.index(batch[-1]) + 1 if batch else 0):
-            size = len(group.request.prompt_ids) - self._cached_tokens(group)
-            if size > budget or group.request.prompt_embeds is not None:
-                break
-            batch.append(group)
-            budget -= size
-            slots += group.params.width
-            available -= self._claim(group)
-        for group in batch:
-            self._take(group)
-            self._admit(group)
-        return batch
+    def schedule(self) -> StepPlan:
+        self.reap_cancelled()
+        preemptions = self.stats.preemptions
+        self.running.sort(key=_age)
+        step = _Step(self.token_budget)
+        self._schedule_running(step)
+        if self.stats.preemptions == preemptions:  # as vLLM: nothing new starts in a step that had to preempt
+            self._schedule_waiting(step)
+        plan = self._plan(step)
+        plan.preempted = self.stats.preemptions - preemptions
+        return plan
 
-    def requeue(self, groups: list[SequenceGroup]) -> None:
-        """Back to the front of the queue (a single short prompt takes the chunked path)."""
-        for group in reversed(groups):
-            self.waiting.appendleft(group)
-
-    def start_prefill(self, slot: int, available: int) -> SequenceGroup | None:
-        """The request whose prompt is being prefilled: the one in progress, else the next waiting one that fits
-        in `available` blocks (admitted now and seated in `slot`, its cached prefix loaded); None when nothing can
-        start (no room; a preempted candidate being recomputed, or one whose turn it is: _preempted_turn)."""
-        if self.slots.prefilling is None:
-            if self._preempted_turn():
-                return None
-            group = self._admissible(slot, available)
-            if group is None:
-                return None  # wait for slots / KV budget to free up
-            self._take(group)
-            self._admit(group)
-            self.slots.prefilling = group
-            self.slots.seat(self.new_parent(group), slot)
-            self.load_cached_prefix(group)
-        if isinstance(self.slots.prefilling, Recompute):
+    def _span_end(self, seq: Sequence, start: int, step: _Step) -> int | None:
+        """Where the sequence's next span ends, from position `start`, within the step's budget; None when it
+        would be one prompt chunked too many."""
+        remaining = seq.num_tokens - start
+        count = min(remaining, step.budget)
+        if self.max_partial_prefills > 1 and remaining > 1:  # vLLM's long_prefill_token_threshold
+            count = min(count, self.token_budget // self.max_partial_prefills)
+        end = start + count
+        prompt = len(seq.prompt_ids)
+        if seq.group.request.prompt_embeds is not None and start < prompt:
+            end = min(end, prompt)  # an image request's embeddings span its prompt only
+        if end < seq.num_tokens and step.partial >= self.max_partial_prefills:
             return None
-        return self.slots.prefilling
+        return end
 
-    # -- prefix cache --------------------------------------------------------------------------
+    def _fork_reserve(self, seq: Sequence, end: int) -> int:
+        """Blocks a span ending a new prompt sets aside: a copy of its partly filled last block for each n/best_of
+        candidate after the first (engine.core.kv_manager `fork`)."""
+        if seq.group.forked or end < seq.num_tokens or end % BLOCK_TOKENS == 0:
+            return 0
+        return seq.group.params.width - 1
 
-    def _cached_blocks(self, group: SequenceGroup, touch: bool = False) -> list[int]:
-        """The pool blocks of the prompt's cached prefix (`touch=False`: a peek, nothing counted or moved)."""
-        if self.prefix_cache is None:
-            return []
-        if group.prefix_chain is None:
-            group.prefix_chain = self.prefix_cache.prompt_chain(group.request.prompt_ids, salt_of(group))
-        return self.prefix_cache.lookup(group.request.prompt_ids, None, touch, chain=group.prefix_chain)
+    def _schedule_running(self, step: _Step) -> None:
+        """Every running sequence's next tokens, oldest first; while the blocks run out, the newest gives way."""
+        index = 0
+        while index < len(self.running) and step.budget > 0:
+            seq = self.running[index]
+            end = self._span_end(seq, seq.num_computed, step)
+            if end is None:
+                index += 1
+                continue
+            while not self.kv.allocate(seq, end, reserve=self._fork_reserve(seq, end)):
+                victim = self.running[-1]  # not yet scheduled: the running are in age order
+                self._preempt(victim)
+                if victim is seq:
+                    return
+            step.add(seq, end)
+            index += 1
 
-    def _cached_tokens(self, group: SequenceGroup) -> int:
-        """How much of the prompt the prefix cache holds now (a peek: nothing counted or moved)."""
-        return len(self._cached_blocks(group)) * BLOCK_TOKENS
+    def _schedule_waiting(self, step: _Step) -> None:
+        """Waiting sequences from the head of the queue, each from its cached prefix, while the budget, the rows
+        and the blocks last; a watermark of blocks stays free for the running rows' next steps."""
+        seats = sum(map(_seats, self.running))
+        while step.budget > 0 and (seq := self.waiting.peek()) is not None:
+            if seats + _seats(seq) > self.max_slots:
+                return
+            hits = self.kv.cached_prefix(seq)
+            start = len(hits) * BLOCK_TOKENS
+            end = self._span_end(seq, start, step)
+            if end is None:
+                return
+            headroom = self.kv.watermark + step.growth if self.running else 0
+            if not self.kv.allocate(seq, end, hits, self._fork_reserve(seq, end), headroom):
+                return
+            self.waiting.pop()
+            self._admit(seq, start)
+            self.running.append(seq)
+            step.add(seq, end)
+            seats += _seats(seq)
 
-    def load_cached_prefix(self, group: SequenceGroup) -> None:
-        """The parent (already seated) starts with the prompt's cached blocks, held, not copied; only the rest is
-        prefilled."""
-        if self.prefix_cache is None:
-            return
+    def _admit(self, seq: Sequence, cached: int) -> None:
+        group = seq.group
+        if group.admission < 0:
+            group.admission = next(self._admissions)
+            group.admitted_at = time.monotonic()
+            group.cached_tokens = cached
+            self.stats.observe("request_queue_time", group.admitted_at - group.request.arrival)
+            self.stats.prompt_tokens += len(group.request.prompt_ids)
+        if self.prefix_cache is not None:  # every lookup counts, a preempted candidate's return included
+            self.stats.prefix_queries += seq.num_tokens
+            self.stats.prefix_hits += cached
+        seq.num_computed = cached
+
+    def _preempt(self, seq: Sequence) -> None:
+        """The sequence gives its blocks back (what it wrote stays keyed in the prefix cache, for its return) and
+        waits at the front of the queue, to be computed again from its first token."""
+        self.kv.keep(seq, seq.num_computed)
+        self.retire(seq)
+        seq.num_computed = 0
+        self.waiting.add_preempted(seq)
+        self.stats.preemptions += 1
+
+    def _plan(self, step: _Step) -> StepPlan:
+        """Decode rows in batch rows 0..B-1, then the spans; each sequence's block table in its row."""
+        plan = StepPlan()
+        spans: list[tuple[Sequence, int]] = []
+        for seq, end in step.scheduled:
+            if seq.group.forked and end == seq.num_tokens == seq.num_computed + 1:
+                plan.decode.append(seq)
+            else:
+                spans.append((seq, end))
+        for row, seq in enumerate(plan.decode):
+            self.kv.seat(seq, row)
+        for row, (seq, end) in enumerate(spans, start=len(plan.decode)):
+            self.kv.seat(seq, row)
+            start, request = seq.num_computed, seq.group.request
+            embeds = None
+            if request.prompt_embeds is not None and start < len(seq.prompt_ids):
+                embeds = request.prompt_embeds[start:end]
+            plan.spans.append(PlannedSpan(slot=row, tokens=seq.tokens(start, end), start=start,
+                                          sample=end == seq.num_tokens, adapter=seq.params.lora_adapter,
+                                          embeds=embeds, seq=seq))
+        return plan
+
+    # -- after the forward ---------------------------------------------------------------------
+
+    def complete(self, decoded: list[Sequence], spans: list[PlannedSpan]) -> tuple[list[Sequence], list[int]]:
+        """The rows and spans whose forward ran hold their K/V now: their computed counts move on, and a span
+        that ends a new prompt forks its n/best_of candidates. Returns the rows that sample from the spans' logits,
+        in span order, and how many rows each sampling span feeds."""
+        for seq in decoded:
+            seq.num_computed += 1
+        rows: list[Sequence] = []
+        widths: list[int] = []
+        for span in spans:
+            seq = span.seq
+            seq.num_computed = span.end
+            if not span.sample:
+                continue
+            group = seq.group
+            if not group.forked:
+                self._fork(group)
+                rows += group.sequences
+                widths.append(len(group.sequences))
+            else:
+                rows.append(seq)
+                widths.append(1)
+        return rows, widths
+
+    def _fork(self, group: SequenceGroup) -> None:
         parent = group.sequences[0]
-        held = self._cached_blocks(group, touch=True)
-        self.slots.share(parent, held)
-        group.prefilled = parent.kv_len = group.cached_tokens = len(held) * BLOCK_TOKENS
-        self.stats.prefix_hits += group.cached_tokens
+        for index in range(1, group.params.width):
+            child = parent.fork(index, candidate_generator(group.params.seed, index), self.tokenizer)
+            self.kv.fork(parent, child)
+            group.sequences.append(child)
+            self.running.append(child)
+        group.forked = True
+        group.first_token_at = time.monotonic()
+        self.stats.observe("time_to_first_token", group.first_token_at - group.request.arrival)
+        self.stats.observe("request_prefill_time", group.first_token_at - (group.admitted_at or group.request.arrival))
 
     def cache_prompt(self, group: SequenceGroup) -> None:
-        if self.prefix_cache is not None:
-            parent = group.sequences[0]
-            self.prefix_cache.store(group.request.prompt_ids, salt_of(group), parent.blocks, parent.kv_len)
+        """Key a new request's prompt blocks once its first token is out: later prompts that start the same way
+        hold them."""
+        parent = group.sequences[0]
+        self.kv.keep(parent, len(parent.prompt_ids))
 
     def cache_finished(self, seq: Sequence) -> None:
         """Key a finished candidate's prompt + output blocks (a chat's next turn starts with both). Its row is
         retired right after: the blocks stay cached, idle, until the pool needs the room."""
-        if self.prefix_cache is not None and seq.finish_reason in ("stop", "length"):
-            self.prefix_cache.store(seq.prompt_ids + seq.output_ids, salt_of(seq.group), seq.blocks,
-                                    seq.kv_len)
+        if seq.finish_reason in ("stop", "length"):
+            self.kv.keep(seq, seq.num_computed)
 
-    def place(self, group: SequenceGroup) -> list[Sequence]:
-        """Fork the prefilled parent into its n/best_of candidates and append them to the decode rows."""
-        parent = group.sequences[0]
-        children = [parent.fork(i, candidate_generator(group.params.seed, i), self.tokenizer)
-                    for i in range(1, group.params.width)]
-        rows = self.slots.place(group, children)
-        group.first_token_at = time.monotonic()
-        self.stats.observe("time_to_first_token", group.first_token_at - group.request.arrival)
-        self.stats.observe("request_prefill_time", group.first_token_at - (group.admitted_at or group.request.arrival))
-        return rows
+    def end_step(self) -> None:
+        self.stats.running = len({id(seq.group) for seq in self.running})
+        self.stats.kv_used = self.kv.pool.used
+        self._heartbeat_preempted()
+        if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
+            self.publish_kv_events(self.prefix_cache.events)
+            self.prefix_cache.events = []
+        self.requests = {key: group for key, group in self.requests.items() if not group.sent_final}
+        if self.check_invariants:
+            self.check()
 
-    def retire(self, seq: Sequence) -> None:
-        if self.slots.retire(seq):
-            self.counts.release(seq)  # its penalty-count row, now (not when the cyclic GC runs)
+    def _heartbeat_preempted(self) -> None:
+        """An empty output for each streamed request whose candidates all wait to be computed again after a
+        preemption and that has sent nothing for PREEMPTED_HEARTBEAT_S: the client's stream only pauses."""
+        behind = [seq for seq in itertools.chain(self.waiting, self.running)
+                  if seq.output_ids and seq.num_computed < seq.num_tokens - 1]
+        now = self.clock()
+        for group in {id(seq.group): seq.group for seq in behind}.values():
+            last = group.last_output_at
+            if group.request.stream and not group.sent_final and last is not None \
+                    and now - last >= PREEMPTED_HEARTBEAT_S:
+                group.emit(RequestOutput("", 0, "", progress=True))
+
+    def check(self) -> None:
+        """The invariants (AssertionError when one breaks): every live request's unfinished candidates are each in
+        exactly one place, waiting (holding nothing) or running; a running one holds room for what it computed;
+        and the pool's accounting (engine.core.kv_manager `check`) holds with the running ones as its holders."""
+        running, waiting = {id(s) for s in self.running}, {id(s) for s in self.waiting}
+        assert len(running) == len(self.running) and len(waiting) == len(self.waiting), "a sequence is queued twice"
+        assert not running & waiting, "a sequence is both waiting and running"
+        for seq in self.waiting:
+            assert not seq.blocks and not seq.reserved and seq.num_computed == 0, "a waiting sequence holds KV"
+        for seq in self.running:
+            assert not seq.finished and id(seq.group) in self.requests, "a running sequence has ended"
+            assert len(seq.blocks) * BLOCK_TOKENS >= seq.num_computed, "a sequence computed past its blocks"
+        for group in self.requests.values():
+            live = [seq for seq in group.sequences if not seq.finished]
+            assert live, f"request {group.request.request_id} has ended without its final output"
+            for seq in live:
+                assert (id(seq) in running) != (id(seq) in waiting), \
+                    f"request {group.request.request_id} is neither waiting nor running"
+        self.kv.check(self.running)

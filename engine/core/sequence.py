@@ -37,11 +37,15 @@ class Sequence:
         self.generator = generator
         # seeded with the prompt's tail, so the first token keeps its leading space (SentencePiece)
         self.detok = IncrementalDetokenizer(tokenizer, self.params.stop, self.prompt_ids[-DETOK_CONTEXT:])
-        self.slot = -1
-        self.kv_len = 0  # positions whose K/V are in the cache
+        # where it stands: the positions of its tokens (prompt, then output) whose K/V are in the cache; the rest
+        # are computed by the next steps (a decode row's one token, a prompt's chunks, a preempted one's all)
+        self.num_computed = 0
         self.blocks: list[int] = []  # its block table: the KV pool blocks of its positions, in order
+        self.reserved: list[int] = []  # blocks held for its n/best_of children's copies (KVManager.fork)
+        self.slot = -1  # the batch row its table is in this step
+        self.table_len = 0  # entries of `blocks` written in that row's table
+        self.chain: tuple[int, list] | None = None  # (length, its prefix-cache keys), made once a length
         self.last_token_at: float | None = None  # when its latest token was sampled (inter-token latency)
-        self.bypassed = 0  # new requests admitted while it waited preempted (Scheduler._preempted_turn)
         self.cum_logprob = 0.0
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
@@ -58,6 +62,19 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Its tokens (prompt, then output) at positions start..end-1, without joining the two lists."""
+        prompt = len(self.prompt_ids)
+        if end <= prompt:
+            return self.prompt_ids[start:end]
+        if start >= prompt:
+            return self.output_ids[start - prompt : end - prompt]
+        return self.prompt_ids[start:] + self.output_ids[: end - prompt]
+
     def prompt_mask(self, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Which tokens the prompt holds [vocab] (repetition_penalty), made once on the sampler's device."""
         if self._prompt_mask is None or self._prompt_mask.device != torch.device(device):
@@ -71,7 +88,7 @@ class Sequence:
 
     def fork(self, index: int, generator: torch.Generator, tokenizer) -> Sequence:
         child = Sequence(self.group, index, generator, tokenizer)
-        child.kv_len = self.kv_len
+        child.num_computed = self.num_computed
         if self.grammar is not None:
             child.grammar = self.grammar.fork()
         return child
@@ -83,17 +100,15 @@ class SequenceGroup:
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
         self.sequences: list[Sequence] = []
-        self.prefilled = 0  # prompt tokens already in the cache
         self.first_token_at: float | None = None
         self.admitted_at: float | None = None  # first admission into the running batch (queue time)
         self.sent_final = False
         self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.cache_salt: object = None  # prefix-cache key root (adapter, image digest), made once
-        self.prefix_chain: list | None = None  # its prompt's prefix-cache keys, made once (Scheduler._cached_blocks)
         self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admission = -1  # the scheduler's admission order (the newest running candidates are preempted first)
+        self.forked = False  # its prompt is computed and its n/best_of candidates made
         self.last_output_at: float | None = None  # when it last sent an output (liveness of preempted streams)
-        self.bypassed = 0  # later requests admitted while this one waited for room (Scheduler._admissible)
         self.reasoning = False  # the model declares reasoning: split <think> text from content
         self.thinking_open = False  # the rendered prompt already opened the thinking block
 

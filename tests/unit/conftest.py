@@ -35,7 +35,8 @@ def real_engine():
     from engine.llm_engine import EngineConfig, LLMEngine
 
     torch.manual_seed(0)
-    eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=ENGINE_SLOTS, max_len=ENGINE_MAX_LEN, threads=2))
+    eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=ENGINE_SLOTS, max_len=ENGINE_MAX_LEN, threads=2,
+                                 check_scheduler_invariants=True))
     eng.start()
     yield eng
     eng.stop()
@@ -47,10 +48,12 @@ def make_scheduler(real_engine):
     from engine.core.engine_core import EngineCore
     from engine.runner.model_runner import ModelRunner
 
-    def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, prefill_budget: int = 512,
-             adapters: dict | None = None) -> EngineCore:
+    def make(slots: int = 8, max_len: int = ENGINE_MAX_LEN, max_num_batched_tokens: int = 512,
+             adapters: dict | None = None, kv_budget_tokens: int | None = None,
+             prefix_cache_tokens: int = 0) -> EngineCore:
         # the session decoder's fused weights and RoPE tables, with this scheduler's own KV cache and adapters
         runner = ModelRunner(real_engine.runner.decoder, slots, max_len, adapters)
-        return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+        return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, max_num_batched_tokens,
+                          kv_budget_tokens, prefix_cache_tokens, check_invariants=True)
 
     return make

@@ -34,7 +34,7 @@ class Run:
         self.outputs[rid] = []
         self.sched.scheduler.add(EngineRequest(rid, prompt_ids, params, self.outputs[rid].append, stream, is_cancelled,
                                      grammar=grammar))
-        self.groups[rid] = self.sched.scheduler.waiting[-1]
+        self.groups[rid] = list(self.sched.scheduler.requests.values())[-1]
 
     def step(self) -> None:
         self.sched.step()

@@ -40,7 +40,7 @@ def models(tmp_path_factory):
 
 
 def engine_greedy(path, impl: str) -> tuple[str, list[list[int]]]:
-    engine = LLMEngine(EngineConfig(str(path), max_slots=4, max_len=160, prefill_budget=16, threads=2,
+    engine = LLMEngine(EngineConfig(str(path), max_slots=4, max_len=160, max_num_batched_tokens=16, threads=2,
                                     prefix_cache_tokens=0, model_impl=impl))
     run = Run(engine.core)
     for i, prompt in enumerate(PROMPTS):

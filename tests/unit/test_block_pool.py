@@ -40,7 +40,7 @@ def test_a_collision_never_shares_kv_between_different_tokens():
     cache.store(tokens, None, blocks, 32)
     key = next(iter(cache.entries))
     cache.entries[key].tokens = (0,) * B  # as if another token run had hashed to this key
-    assert cache.lookup(tokens, None, touch=False) == []
+    assert cache.lookup(cache.prompt_chain(tokens, None)) == []
     other = [pool.take(), pool.take()]
     cache.store(tokens, None, other, 32)  # nothing is keyed over the colliding entry
     assert other[0] not in cache.key_of
@@ -84,7 +84,7 @@ def test_no_block_is_leaked_or_shared_wrongly_after_any_run(ops):
     for op, pick, size in ops:
         if op == "start":
             tokens = [pick % 3] * B + list(range(size))  # three families of prompts that share a first block
-            held = cache.lookup(tokens, None)
+            held = cache.lookup(cache.prompt_chain(tokens, None))
             for block in held:
                 pool.hold(block)
             seq = (tokens[: len(held) * B], list(held))

@@ -41,12 +41,12 @@ def adapters(real_engine):
     return table
 
 
-def _scheduler(real_engine, adapters, slots: int = 8, prefill_budget: int = 512):
+def _scheduler(real_engine, adapters, slots: int = 8, max_num_batched_tokens: int = 512):
     from engine.core.engine_core import EngineCore
     from engine.runner.model_runner import ModelRunner
 
     runner = ModelRunner(real_engine.runner.decoder, slots, 256, dict(adapters))
-    return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, prefill_budget)
+    return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, max_num_batched_tokens, check_invariants=True)
 
 
 def _every_feature(seed: int) -> SamplingParams:
@@ -65,11 +65,11 @@ def _run_all_paths(real_engine, adapters, prompts) -> Run:
     run.add("grammar", prompts[3], SamplingParams(temperature=1.0, seed=3, max_tokens=5), grammar=regex)
     run.step()
     # a long prompt prefilled in chunks (the single-prompt path) while the others decode
-    run.sched.scheduler.prefill_budget = 16
+    run.sched.scheduler.token_budget = 16
     run.add("chunked", prompts[0] + prompts[1], _every_feature(11))
     for _ in range(3):
         run.step()
-    run.sched.scheduler.prefill_budget = 512
+    run.sched.scheduler.token_budget = 512
     # a batched decode that fails (its adapter is gone): rows are retried one by one
     run.add("doomed", prompts[1], greedy(8, lora_adapter="doomed", ignore_eos=True))
     run.add("batched2", prompts[2], greedy(3, ignore_eos=True))
@@ -139,7 +139,7 @@ def test_a_decode_step_reads_the_device_once(real_engine, adapters, prompts):
     with HostReads() as check:
         for _ in range(3):
             run.step()
-    assert len(run.sched.scheduler.slots.decoding) == 5  # every row was still decoding
+    assert len(run.sched.scheduler.running) == 5  # every row was still decoding
     assert len(check.reads) == 3, check.reads
     assert all(re.fullmatch(r"engine/sampling/sampler\.py:\d+ tolist", r) for r in check.reads), check.reads
 

@@ -59,7 +59,7 @@ def test_first_token_finish_in_batched_prefill_leaves_neighbours_alone(make_sche
     for rid, (prompt, params) in others.items():
         run.add(rid, prompt, params)
     run.step()  # one batched prefill of all five
-    running = {id(s.group): s.group for s in run.sched.scheduler.slots.decoding}.values()
+    running = {id(s.group): s.group for s in run.sched.scheduler.running}.values()
     assert {g.request.request_id for g in running} <= set(others)
     run.until_done()
     assert run.final("f1").completion_tokens == 1
@@ -76,8 +76,8 @@ def test_rows_always_sit_at_their_own_slot(make_scheduler, prompts):
         if not run.sched.scheduler.has_work():
             break
         run.step()
-        rows = run.sched.scheduler.slots.decoding
-        assert [s.slot for s in rows] == list(range(len(rows)))
+        rows = run.sched.scheduler.running  # after a step: the rows it decoded, in batch rows 0..B-1
+        assert sorted(s.slot for s in rows) == list(range(len(rows)))
 
 
 # -- defect 3: a grammar that can only end, with min_tokens / ignore_eos ------------------------------
@@ -164,7 +164,7 @@ def test_a_failing_adapter_in_decode_fails_only_its_request(make_scheduler, real
     run.add("b", prompts[2], sampled(5))
     run.until_done()
     _assert_neighbours_unharmed(make_scheduler, prompts, run)
-    assert not run.sched.scheduler.slots.decoding and run.sched.scheduler.slots.used_blocks() == 0
+    assert not run.sched.scheduler.running and run.sched.scheduler.kv.pool.used == 0
 
 
 # -- defect 6: an explicit cap beyond the context -----------------------------------------------------

@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from engine.core.slots import BLOCK_TOKENS, blocks
+from engine.core.kv_manager import BLOCK_TOKENS, blocks
 from engine.core.stats import EngineStats
 from engine.core.step_timing import PHASES, StepTiming
 from engine.sampling_params import SamplingParams

@@ -41,7 +41,7 @@ def test_seeded_request_same_tokens_alone_and_in_batch_of_3(make_scheduler, prom
     batch.add("a", prompts[0], params())
     batch.add("y", prompts[2], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, ignore_eos=True))
     batch.step()
-    assert len(batch.sched.scheduler.slots.decoding) == 3  # really one batch of three
+    assert len(batch.sched.scheduler.running) == 3  # really one batch of three
     batch.until_done()
 
     assert batch.tokens[("a", 0)] == alone.tokens[("a", 0)]
@@ -121,7 +121,7 @@ def test_join_and_leave_mid_flight(real_engine, prompts):
     assert "".join(o.text for o in short) == "".join(o.text for o in ref_short)
     assert "".join(o.text for o in long) == "".join(o.text for o in ref_long)
     poll(real_engine.core.scheduler.has_work, 5, until=lambda busy: not busy, interval_s=0.01)
-    assert not real_engine.core.scheduler.slots.decoding
+    assert not real_engine.core.scheduler.running
 
 
 def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
@@ -136,13 +136,12 @@ def test_cancellation_frees_the_slot_within_one_step(make_scheduler, prompts):
     for _ in range(3):
         run.step()
     victim = run.groups["victim"]
-    assert any(s.group is victim for s in run.sched.scheduler.slots.decoding)
-    assert run.sched.scheduler.slots.decoding[0].group is victim  # slot 0: its removal moves the other row down
+    assert run.sched.scheduler.running[0].group is victim  # batch row 0: after it the other row moves down
 
     cancelled.set()
     run.step()
-    assert all(s.group is not victim for s in run.sched.scheduler.slots.decoding)
-    assert len(run.sched.scheduler.slots.decoding) == 1 and run.sched.scheduler.slots.decoding[0].slot == 0
+    (keep,) = run.sched.scheduler.running
+    assert keep.group is not victim and keep.slot == 0
     finals = run.finals("victim")
     assert len(finals) == 1 and finals[0].finish_reason == "cancelled"
     assert run.outputs["victim"][-1] is finals[0]
@@ -279,9 +278,9 @@ def test_penalties_over_many_steps(make_scheduler, prompts):
 
 def test_retired_sequences_give_their_blocks_back_and_a_moved_row_takes_its_table_along(
         real_engine, make_scheduler, prompts):
-    """A retiring sequence's blocks go back to the pool at once, and the last row moves into its slot by moving
-    its block table (no K/V is copied), so the moved sequence reads its own K/V and nothing of the retired one's:
-    its tokens equal the same request alone. Idle, every block is back: memory never ratchets up over hours."""
+    """A retiring sequence's blocks go back to the pool at once, and the rows after it move down by moving their
+    block tables (no K/V is copied), so a moved sequence reads its own K/V and nothing of the retired one's: its
+    tokens equal the same request alone. Idle, every block is back: memory never ratchets up over hours."""
     longest = real_engine.encode_prompt(messages=[{"role": "user", "content": "Describe the sea. " * 20}])
     shortest = min(prompts, key=len)
     ref = Run(make_scheduler())
@@ -289,17 +288,19 @@ def test_retired_sequences_give_their_blocks_back_and_a_moved_row_takes_its_tabl
     ref.until_done()
 
     run = Run(make_scheduler())
-    run.add("a", longest, greedy(3, ignore_eos=True))  # slot 0, the longer K/V, finishes first
+    run.add("a", longest, greedy(3, ignore_eos=True))  # row 0, the longer K/V, finishes first
     run.add("c", prompts[1], greedy(6, ignore_eos=True))
-    run.add("b", shortest, greedy(40, ignore_eos=True))  # last slot: moves down into slot 0
-    slots = run.sched.scheduler.slots
+    run.add("b", shortest, greedy(40, ignore_eos=True))  # row 2: moves down into row 1, then row 0
+    sched = run.sched.scheduler
     while not run.finals("a"):
         run.step()
-    b = slots.decoding[0]
-    assert b.group is run.groups["b"] and b.slot == 0
-    assert list(slots.cache.rows[0, : len(b.blocks)]) == b.blocks and not slots.cache.rows[0, len(b.blocks):].any()
-    held = {block for seq in slots.decoding for block in seq.blocks}
-    assert slots.pool.used == len(held)  # a's blocks are back
+    held = {block for seq in sched.running for block in seq.blocks}
+    assert sched.kv.pool.used == len(held)  # a's blocks are back
+    run.step()
+    c, b = sched.running
+    assert b.group is run.groups["b"] and b.slot == 1
+    rows = sched.kv.cache.rows
+    assert list(rows[1, : len(b.blocks)]) == b.blocks and not rows[1, len(b.blocks):].any()
     run.until_done()
-    assert slots.pool.used == 0 and slots.pool.available == slots.budget_blocks  # idle: nothing held
+    assert sched.kv.pool.used == 0 and sched.kv.pool.available == sched.kv.total_blocks  # idle: nothing held
     assert run.tokens[("b", 0)] == ref.tokens[("b", 0)]

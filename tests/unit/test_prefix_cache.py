@@ -42,9 +42,14 @@ def cached_scheduler(real_engine):
     def make(capacity: int = 4096, slots: int = 8, budget: int | None = None):
         runner = ModelRunner(real_engine.runner.decoder, slots, 512)
         return EngineCore(runner, real_engine.sampler, real_engine.tokenizer, kv_budget_tokens=budget,
-                          prefix_cache_tokens=capacity)
+                          prefix_cache_tokens=capacity, check_invariants=True)
 
     return make
+
+
+def cached(cache, tokens: list[int], salt) -> list[int]:
+    """The pool blocks the prefix cache holds of a prompt (a peek)."""
+    return cache.lookup(cache.prompt_chain(tokens, salt))
 
 
 def run_one(sched, rid: str, prompt: list[int], params: SamplingParams) -> Run:
@@ -113,13 +118,13 @@ def test_no_sharing_across_adapters_or_changed_tokens(cached_scheduler, turns):
     sched = cached_scheduler()
     run_one(sched, "a", turns["a"], greedy(2))
     cache = sched.scheduler.prefix_cache
-    assert cache.lookup(turns["a"], (None, None, None), touch=False)
-    assert not cache.lookup(turns["a"], ("pirate", None, None), touch=False)  # another adapter: other K/V
-    assert not cache.lookup(turns["a"], (None, "image-digest", None), touch=False)  # image inputs are in the key
-    assert not cache.lookup(turns["a"], (None, None, "tenant"), touch=False)  # and so is the tenant
+    assert cached(cache, turns["a"], (None, None, None))
+    assert not cached(cache, turns["a"], ("pirate", None, None))  # another adapter: other K/V
+    assert not cached(cache, turns["a"], (None, "image-digest", None))  # image inputs are in the key
+    assert not cached(cache, turns["a"], (None, None, "tenant"))  # and so is the tenant
     changed = list(turns["a"])
     changed[20] += 1  # block 1 differs: only block 0 may be shared
-    assert len(cache.lookup(changed, (None, None, None), touch=False)) == 1
+    assert len(cached(cache, changed, (None, None, None))) == 1
 
 
 def test_a_tenant_hits_only_its_own_cached_prompts(cached_scheduler, turns):
@@ -162,11 +167,11 @@ def test_lru_eviction_stays_within_the_capacity_and_takes_a_chain_s_tail_first(c
     cache = sched.scheduler.prefix_cache
     run_one(sched, "a", turns["a"], greedy(1))
     assert len(cache.entries) == 4
-    assert len(cache.lookup(turns["c"], (None, None, None), touch=False)) == 4  # the shared history's first blocks
+    assert len(cached(cache, turns["c"], (None, None, None))) == 4  # the shared history's first blocks
     run_one(sched, "o", turns["other"], greedy(1))  # an unrelated prompt: the least recently used go
     assert len(cache.entries) == 4
-    assert cache.lookup(turns["other"], (None, None, None), touch=False)
-    kept = len(cache.lookup(turns["a"], (None, None, None), touch=False))
+    assert cached(cache, turns["other"], (None, None, None))
+    kept = len(cached(cache, turns["a"], (None, None, None)))
     assert 0 < kept < 4  # its tail went first: what stays is still a prefix a prompt can start with
 
 
@@ -176,17 +181,17 @@ def test_a_hit_holds_the_cached_blocks_themselves(cached_scheduler, turns):
     sched = cached_scheduler()
     scheduler = sched.scheduler
     run_one(sched, "a", turns["a"], greedy(2))
-    cached = scheduler.prefix_cache.lookup(turns["b"], (None, None, None), touch=False)
+    cached = scheduler.prefix_cache.lookup(scheduler.prefix_cache.prompt_chain(turns["b"], (None, None, None)))
     assert cached
     run = Run(sched)
     run.add("b", turns["b"], greedy(8, ignore_eos=True))
     run.step()
-    (row,) = scheduler.slots.decoding
+    (row,) = scheduler.running
     assert row.blocks[: len(cached)] == cached
-    assert list(scheduler.slots.cache.rows[row.slot, : len(cached)]) == cached
-    assert all(scheduler.slots.pool.refs[b] == 1 for b in cached)
+    assert list(scheduler.kv.cache.rows[row.slot, : len(cached)]) == cached
+    assert all(scheduler.kv.pool.refs[b] == 1 for b in cached)
     run.until_done()
-    assert scheduler.slots.pool.used == 0 and all(scheduler.slots.pool.refs[b] == 0 for b in cached)
+    assert scheduler.kv.pool.used == 0 and all(scheduler.kv.pool.refs[b] == 0 for b in cached)
     assert run.final("b").cached_tokens == len(cached) * 16
 
 
@@ -229,12 +234,14 @@ def test_idle_cached_blocks_are_reused_least_recently_used_first_and_removed_by_
         for block in reversed(held[name]):
             pool.release(block)
     assert pool.used == 0 and pool.available == 8 and len(pool.idle) == 6
-    assert cache.lookup(second, None) == held["second"]  # a hit: the second is the most recently used
+    assert cache.lookup(cache.prompt_chain(second, None)) == held["second"]
+    pool.hold(held["second"][-1])  # held by a hit, then given back: the second is the most recently used
+    pool.release(held["second"][-1])
     taken = [pool.take() for _ in range(3)]  # two free blocks, then the first chain's tail
     assert taken[2] == held["first"][2] and len(cache.entries) == 5
     assert cache.events[-1]["type"] == "BlockRemoved"
     assert cache.events[-1]["block_hashes"] == [cache.events[0]["block_hashes"][2]]
-    assert cache.lookup(first, None, touch=False) == held["first"][:2]
+    assert cache.lookup(cache.prompt_chain(first, None)) == held["first"][:2]
     pool.hold(held["second"][0])  # a cached block in use again is not room
     assert pool.available == 4 and held["second"][0] not in pool.idle
 
@@ -248,14 +255,13 @@ def test_the_prefix_cache_holds_only_what_running_requests_leave(cached_schedule
     for rid in ("a", "b", "c", "other"):
         run.add(rid, turns[rid], greedy(40, ignore_eos=True))
     cache = scheduler.prefix_cache
-    slots = scheduler.slots
+    pool = scheduler.kv.pool
     for _ in range(500):
         if not scheduler.has_work():
             break
         run.step()
-        rows = list(slots.decoding) + (slots.prefilling.sequences[:1] if slots.prefilling is not None else [])
-        held = {block for seq in rows for block in seq.blocks}
-        assert len(held) == slots.pool.used <= slots.budget_blocks
+        held = {block for seq in scheduler.running for block in seq.blocks}
+        assert len(held) == pool.used <= pool.total
     assert not scheduler.has_work()
     assert cache.entries  # the last finished ones stay cached once the memory is free
     again = run_one(sched, "again", turns["other"], greedy(2, ignore_eos=True))

@@ -137,8 +137,8 @@ def test_the_engine_config_comes_from_the_typed_profile(tmp_path, monkeypatch):
 
 
 def test_the_engine_refuses_a_bad_key_before_building_its_config():
-    with pytest.raises(ProfileError, match="`prefil_budget`.*`prefill_budget`"):
-        engine_profile({"hf_model": "m", "prefil_budget": "512"})
+    with pytest.raises(ProfileError, match="`max_num_batched_token`.*`max_num_batched_tokens`"):
+        engine_profile({"hf_model": "m", "max_num_batched_token": "512"})
 
 
 def test_the_gateway_reads_the_same_schema():

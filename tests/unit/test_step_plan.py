@@ -1,76 +1,16 @@
-"""The scheduler's step plans, without a model (as vLLM's tests/v1/core/test_scheduler.py tests its scheduler): a
-KV cache of a few bytes a position stands in for the model's, and each step's "forward" is the bookkeeping the
-engine core does after one (the decode rows' K/V counted, the spans completed, a token recorded for every row).
-"""
+"""The scheduler's step plans, without a model (tests/unit/scheduler_harness.py): which sequences compute which
+tokens, preemption and return through the prompt path, and the two cases that once lost a request or preempted one
+just admitted. Every scheduler here checks its invariants after every step."""
 
 from __future__ import annotations
 
-import torch
+from engine.core.kv_manager import BLOCK_TOKENS
 
-from engine.core.scheduler import Scheduler
-from engine.core.slots import BLOCK_TOKENS, Recompute
-from engine.core.step_plan import StepPlan
-from engine.model.kv_cache import KVCache
-from engine.request import EngineRequest, RequestOutput
-from engine.sampling_params import SamplingParams
+from .scheduler_harness import add, assert_pool_whole, prompt_of, rid, run, scheduler, step, until_idle
 
 
-class _Runner:
-    """What the scheduler reads of a model runner: its KV cache and its adapters."""
-
-    def __init__(self, slots: int, max_len: int, blocks: int) -> None:
-        self.cache = KVCache(layers=1, slots=slots, kv_heads=1, max_len=max_len, head_dim=2, dtype=torch.float32,
-                             device="cpu", num_blocks=blocks + 1)
-        self.adapters: dict = {}
-
-
-class _Counts:
-    def release(self, seq) -> None:
-        pass
-
-
-class _Tokenizer:
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return "".join(f"<{i}>" for i in ids)
-
-
-def scheduler(slots: int = 8, max_len: int = 512, blocks: int = 64, budget: int = 64,
-              prefix_cache: bool = False) -> Scheduler:
-    return Scheduler(_Runner(slots, max_len, blocks), _Counts(), _Tokenizer(), prefill_budget=budget,
-                     kv_budget_tokens=blocks * BLOCK_TOKENS, prefix_cache_tokens=blocks * BLOCK_TOKENS * prefix_cache)
-
-
-def add(sched: Scheduler, rid: str, prompt_len: int, max_tokens: int = 100, n: int = 1) -> list[RequestOutput]:
-    outputs: list[RequestOutput] = []
-    prompt = [1000 + (hash(rid) + i) % 500 for i in range(prompt_len)]
-    params = SamplingParams(temperature=0.0 if n == 1 else 1.0, max_tokens=max_tokens, n=n, ignore_eos=True)
-    sched.add(EngineRequest(rid, prompt, params, outputs.append))
-    return outputs
-
-
-def run(sched: Scheduler, plan: StepPlan, token: int = 7) -> None:
-    """What the engine core does around the forward, with `token` as every row's sample."""
-    for seq in plan.decode:
-        seq.kv_len += 1
-    new_rows = sched.complete(plan, plan.prefill)
-    for seq in plan.decode + new_rows:
-        seq.record_token(token, 0.0)
-    for seq in plan.decode + new_rows:
-        if len(seq.output_ids) >= seq.params.max_tokens:
-            sched.retire(seq)
-    sched.end_step()
-
-
-def rid(plan_rows) -> list[str]:
-    return [seq.group.request.request_id for seq in plan_rows]
-
-
-def check_rows(sched: Scheduler) -> None:
-    """The slot invariant: decode rows in slots 0..B-1, the prompt in progress right after them."""
-    assert [seq.slot for seq in sched.slots.decoding] == list(range(len(sched.slots.decoding)))
-    job = sched.slots.prefilling
-    if job is not None:
-        assert job.sequences[0].slot == len(sched.slots.decoding)
+def spans(plan) -> list[tuple[str, int, int, bool, int]]:
+    return [(s.seq.group.request.request_id, s.start, s.end, s.sample, s.slot) for s in plan.spans]
 
 
 def test_short_prompts_prefill_in_one_plan_and_decode_from_the_next():
@@ -79,110 +19,138 @@ def test_short_prompts_prefill_in_one_plan_and_decode_from_the_next():
     add(sched, "b", 30)
     plan = sched.schedule()
     assert plan.decode == []
-    assert [(s.job.request.request_id, s.start, s.end, s.completes, s.samples) for s in plan.prefill] == [
-        ("a", 0, 20, True, True), ("b", 0, 30, True, True)]
-    assert [s.seq.slot for s in plan.prefill] == [0, 1]
+    assert spans(plan) == [("a", 0, 20, True, 0), ("b", 0, 30, True, 1)]
     run(sched, plan)
-    check_rows(sched)
     plan = sched.schedule()
-    assert rid(plan.decode) == ["a", "b"] and plan.prefill == []
-    assert [s.kv_len for s in plan.decode] == [20, 30]  # each feeds its first token at the end of its prompt
+    assert rid(plan.decode) == ["a", "b"] and plan.spans == []
+    assert [s.num_computed for s in plan.decode] == [20, 30]  # each feeds its first token at the end of its prompt
+    assert [s.slot for s in plan.decode] == [0, 1]
 
 
-def test_a_long_prompt_is_chunked_while_the_running_rows_decode_in_the_same_plan():
+def test_the_token_budget_counts_the_decode_rows_and_chunks_a_long_prompt():
     sched = scheduler(budget=64)
     add(sched, "short", 10)
-    run(sched, sched.schedule())
+    step(sched)
     add(sched, "long", 150)
-    spans = []
+    seen = []
     for _ in range(3):
         plan = sched.schedule()
         assert rid(plan.decode) == ["short"]  # never held back by the prefill
-        (span,) = plan.prefill
-        spans.append((span.start, span.end, span.completes, span.seq.slot))
+        seen += spans(plan)
         run(sched, plan)
-        check_rows(sched)
-    assert spans == [(0, 64, False, 1), (64, 128, False, 1), (128, 150, True, 1)]
+    assert seen == [("long", 0, 63, False, 1), ("long", 63, 126, False, 1), ("long", 126, 150, True, 1)]
     assert rid(sched.schedule().decode) == ["short", "long"]
 
 
-def test_the_budget_left_by_a_finished_prompt_starts_the_next_in_the_row_after_its_candidates():
+def test_a_finished_prompt_leaves_its_budget_to_the_next_and_forks_its_candidates():
     sched = scheduler(budget=64)
-    add(sched, "pair", 100, n=2)  # longer than the budget: the chunked path, one prompt after the other
+    add(sched, "pair", 100, n=2)
     add(sched, "next", 80)
-    run(sched, sched.schedule())  # pair 0..64
+    step(sched)  # pair 0..64
     plan = sched.schedule()
-    assert [(s.job.request.request_id, s.start, s.end, s.seq.slot) for s in plan.prefill] == [
-        ("pair", 64, 100, 0), ("next", 0, 28, 2)]  # slot 1 is the pair's second candidate's
-    run(sched, plan)
-    check_rows(sched)
-    assert rid(sched.slots.decoding) == ["pair", "pair"]
-    assert sched.slots.prefilling is not None and sched.slots.prefilling.sequences[0].slot == 2
+    assert spans(plan) == [("pair", 64, 100, True, 0), ("next", 0, 28, False, 1)]
+    sampled = run(sched, plan)
+    assert rid(sampled) == ["pair", "pair"]  # both candidates sample from the prompt's logits
+    parent, child = sched.requests[id(sampled[0].group)].sequences
+    assert child.blocks[:6] == parent.blocks[:6] and child.blocks[6] != parent.blocks[6]  # the partial block copied
+    plan = sched.schedule()
+    assert rid(plan.decode) == ["pair", "pair"] and spans(plan) == [("next", 28, 80, True, 2)]
 
 
-def test_when_blocks_run_out_the_newest_is_preempted_and_recomputed_after_new_prompts():
-    sched = scheduler(blocks=8, budget=256, prefix_cache=True)  # 128 positions; each request needs 100 (7 blocks)
+def test_when_blocks_run_out_the_newest_returns_through_the_prompt_path_from_its_cached_blocks():
+    sched = scheduler(blocks=8, budget=256, prefix_cache=True)  # 128 positions; each request grows to 100
     add(sched, "old", 40, max_tokens=60)
-    add(sched, "new", 40, max_tokens=60)
-    run(sched, sched.schedule())
+    out_new = add(sched, "new", 40, max_tokens=60)
+    step(sched)
     for _ in range(60):
-        plan = sched.schedule()
+        plan = step(sched)
         if plan.preempted:
             break
-        run(sched, plan)
-    assert plan.preempted == 1
-    assert rid(plan.decode) == ["old"] and rid(sched.preempted) == ["new"]
-    old = plan.decode[0]
-    while len(old.output_ids) < 59:  # the old one runs alone (the new one waits preempted)
-        run(sched, plan)
-        check_rows(sched)
-        assert sched.slots.pool.used <= sched.slots.budget_blocks
-        plan = sched.schedule()
-        assert rid(plan.decode) == ["old"] and plan.prefill == []
-    add(sched, "third", 20, max_tokens=1)
-    run(sched, plan)  # the old one's last token: it retires and gives its blocks back
+    assert plan.preempted == 1 and rid(plan.decode) == ["old"] and rid(sched.waiting) == ["new"]
+    (new,) = sched.waiting
+    streamed = list(new.output_ids)
     plan = sched.schedule()
-    names = [(s.job.group if isinstance(s.job, Recompute) else s.job).request.request_id for s in plan.prefill]
-    assert names == ["third", "new"]  # the new prompt first, then the recompute with the budget it left
-    recompute = plan.prefill[1]
-    assert isinstance(recompute.job, Recompute) and recompute.completes and not recompute.samples
-    assert recompute.start % BLOCK_TOKENS == 0 and recompute.start > 0  # its own blocks came back from the cache
-    assert [s.seq.slot for s in plan.prefill] == [0, 1]
+    while not plan.spans:  # the old one runs alone until it ends
+        assert rid(plan.decode) == ["old"]
+        run(sched, plan)
+        plan = sched.schedule()
+    (span,) = plan.spans  # it came back: one span of its prompt and every token it streamed, from cached blocks
+    assert span.seq is new
+    assert span.start > 0 and span.start % BLOCK_TOKENS == 0 and span.sample
+    assert span.end == 40 + len(streamed)
     run(sched, plan)
-    check_rows(sched)
-    assert rid(sched.slots.decoding) == ["new"]  # the third one finished on its first token
+    assert new.output_ids[: len(streamed)] == streamed  # nothing lost, nothing sent twice
+    until_idle(sched)
+    assert_pool_whole(sched)
+    assert out_new[-1].final
+    assert sched.stats.prefix_hits <= sched.stats.prefix_queries
+    assert sched.stats.prefix_hits >= span.start  # the return's hits are counted
 
 
-def test_a_request_whose_span_failed_leaves_no_hole_in_the_rows():
+def test_a_request_whose_prefix_is_evicted_between_sizing_and_allocation_is_not_lost():
+    """A 16-block pool, a 40-token budget, the prefix cache on. B0's 64-token prompt has finished and a long request
+    after it: their blocks are idle, B0's the least recently used. Then A and B (B0's prompt + 2 tokens) arrive
+    together. Taking blocks for A must not evict the cached prefix B was sized with: B once ended up neither
+    waiting nor running, and its blocks were never given back."""
+    sched = scheduler(slots=8, blocks=16, budget=40, prefix_cache=True)
+    shared = prompt_of("B0", 64)
+    add(sched, "B0", shared + [7], max_tokens=1)
+    until_idle(sched)
+    add(sched, "long", 139, max_tokens=37)
+    until_idle(sched)
+    assert sched.kv.pool.available == 16 and len(sched.kv.pool.idle) >= 12
+    out_a = add(sched, "A", 34, max_tokens=8)
+    out_b = add(sched, "B", shared + prompt_of("B", 2), max_tokens=4)
+    until_idle(sched)
+    assert out_a[-1].final and out_b[-1].final
+    assert_pool_whole(sched)
+
+
+def test_a_request_admitted_into_the_last_blocks_is_not_preempted_by_the_next_step():
+    """Admission keeps the blocks the running rows take at the next decode step, and a watermark: in a 6-block pool
+    a request whose prompt fits the blocks left, but not also the running row's next one, waits instead of being
+    admitted and preempted one step later."""
+    sched = scheduler(slots=4, blocks=6, budget=64)
+    add(sched, "old", 25, max_tokens=12)
+    for _ in range(7):
+        step(sched)
+    add(sched, "new", 54, max_tokens=25)
+    while sched.has_work():
+        assert step(sched).preempted == 0
+    assert_pool_whole(sched)
+
+
+def test_a_returning_prompt_counts_its_hits_once_per_lookup_and_never_above_the_queries():
+    sched = scheduler(blocks=10, budget=512, prefix_cache=True)
+    add(sched, "long", 40, max_tokens=100)
+    add(sched, "b", 20, max_tokens=70)
+    add(sched, "c", 20, max_tokens=70)
+    until_idle(sched)
+    assert sched.stats.preemptions >= 1
+    assert 0 < sched.stats.prefix_hits <= sched.stats.prefix_queries
+    assert_pool_whole(sched)
+
+
+def test_a_request_whose_span_failed_leaves_the_others_running():
     sched = scheduler()
     add(sched, "a", 20)
     add(sched, "b", 20)
     add(sched, "c", 20)
     plan = sched.schedule()
-    assert [s.seq.slot for s in plan.prefill] == [0, 1, 2]
-    failed = plan.prefill[1].job
+    failed = plan.spans[1].seq.group
     sched.abort(failed, "error")
-    new_rows = sched.complete(plan, [plan.prefill[0], plan.prefill[2]])
-    assert rid(new_rows) == ["a", "c"]
-    check_rows(sched)
-    assert sched.slots.pool.used == 2 * 2  # "b" gave its blocks back; each of the others holds 2
+    rows, widths = sched.complete([], [plan.spans[0], plan.spans[2]])
+    assert rid(rows) == ["a", "c"] and widths == [1, 1]
+    for seq in rows:
+        seq.record_token(7, 0.0)
+    sched.end_step()
+    assert sched.kv.pool.used == 2 * 2  # "b" gave its blocks back; each of the others holds 2
+    assert rid(sched.schedule().decode) == ["a", "c"]
 
 
-def test_preempted_candidates_come_back_together_in_one_plan_when_room_frees():
-    sched = scheduler(blocks=10, budget=512)  # 160 positions: the long request alone ends up holding all of them
-    add(sched, "long", 40, max_tokens=100)
-    add(sched, "b", 20, max_tokens=70)
-    add(sched, "c", 20, max_tokens=70)
+def test_several_prompts_chunk_at_once_when_partial_prefills_are_allowed():
+    sched = scheduler(budget=64, partial=2)
+    add(sched, "long", 200, max_tokens=1)
+    add(sched, "short", 20, max_tokens=1)
     plan = sched.schedule()
-    while not plan.prefill or not isinstance(plan.prefill[0].job, Recompute):
-        assert not plan.empty, "nothing came back"
-        run(sched, plan)
-        check_rows(sched)
-        plan = sched.schedule()
-    assert sched.stats.preemptions == 2
-    assert [s.job.group.request.request_id for s in plan.prefill] == ["b", "c"]  # oldest first, one forward
-    assert all(isinstance(s.job, Recompute) and s.completes for s in plan.prefill)
-    assert [s.seq.slot for s in plan.prefill] == [0, 1]
-    run(sched, plan)
-    check_rows(sched)
-    assert rid(sched.slots.decoding) == ["b", "c"]
+    assert spans(plan) == [("long", 0, 32, False, 0), ("short", 0, 20, True, 1)]  # the short one starts at once

@@ -120,4 +120,4 @@ def test_cancellation_frees_the_slot(gemma_engine):
         if not sched.has_work():
             break
         threading.Event().wait(0.05)
-    assert not sched.has_work() and sched.slots.used_blocks() == 0
+    assert not sched.has_work() and sched.kv.pool.used == 0

@@ -30,13 +30,15 @@ def checkerboard() -> bytes:
     return buf.getvalue()
 
 
-def make_engine(prefill_budget: int = 512):
+def make_engine(max_num_batched_tokens: int = 512):
     from engine.llm_engine import EngineConfig, LLMEngine
 
     path = ensure_tiny_vlm()
     if path is None:
         pytest.skip("the SmolLM2 tokenizer is not prepared (run `make model`)")
-    return LLMEngine(EngineConfig(str(path), max_slots=4, max_len=MAX_LEN, prefill_budget=prefill_budget, threads=2))
+    return LLMEngine(EngineConfig(str(path), max_slots=4, max_len=MAX_LEN,
+                                  max_num_batched_tokens=max_num_batched_tokens, threads=2,
+                                  check_scheduler_invariants=True))
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +141,7 @@ def test_engine_forward_matches_transformers_llava(vlm):
 
 def test_chunked_prefill_in_the_scheduler_matches_one_chunk(vlm):
     """The scheduler slices the prompt embeddings per prefill chunk: a budget of 5 tokens gives the same tokens."""
-    small = make_engine(prefill_budget=5)
+    small = make_engine(max_num_batched_tokens=5)
     small.start()
     try:
         kw = {"max_tokens": 8, "logprobs": True}
