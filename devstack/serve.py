@@ -8,7 +8,8 @@ Which models (environment, as the Makefile passes them):
 
 A model that fails to load (one the engine refuses, say) is reported with Triton's reason and the others are
 served; when none loads, this exits non-zero with the reason on its last line. Ctrl-C or SIGTERM stops both
-servers (their whole process groups), and nothing is left running.
+servers (their whole process groups), and nothing is left running; killed outright (SIGKILL), it takes both
+servers with it (devstack.children).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from devstack.children import start_child
 from devstack.triton import KEEP_SERVING_ARGS, REPO_ROOT, ModelState, TritonPorts, start_triton, wait_loaded
 
 
@@ -42,9 +44,9 @@ def start_gateway(grpc_port: int, gateway_port: int, extra_env: dict[str, str] |
         env["GATEWAY_WORKERS"] = str(workers)
     env.update(extra_env or {})
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child process
-    return subprocess.Popen(
+    return start_child(
         [sys.executable, "-m", "gunicorn", "-c", str(REPO_ROOT / "docker" / "gunicorn.conf.py"), "gateway.asgi:app"],
-        cwd=REPO_ROOT, env=env, start_new_session=True, stdout=out or None, stderr=subprocess.STDOUT if out else None,
+        cwd=REPO_ROOT, env=env, stdout=out or None, stderr=subprocess.STDOUT if out else None,
     )
 
 
@@ -65,7 +67,7 @@ def stop(proc: subprocess.Popen | None, timeout: float = 20.0) -> None:
             proc.wait()
         except ProcessLookupError:
             pass
-    try:  # the group id is ours while any member lives (start_new_session made the leader its own group)
+    try:  # the group id is ours while any member lives (start_child made the leader its own group)
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

@@ -20,6 +20,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from devstack.children import start_child
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -101,12 +103,11 @@ def start_triton(
 ) -> subprocess.Popen:
     build_dir = REPO_ROOT / "build"
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child process
-    return subprocess.Popen(
+    return start_child(
         triton_command(repo, ports, build_dir, extra),
         env={**triton_env(), **(extra_env or {})},
         stdout=out or None,
         stderr=subprocess.STDOUT if out else None,
-        start_new_session=True,
     )
 
 

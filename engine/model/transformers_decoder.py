@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.model.attention_shape import kv_shape
 from engine.model.kv_cache import KVCache
 from engine.model.linear_kernels import Weight, choose_kind, linear, pack
 from engine.model.support import UnsupportedModel, check_against_own_forward, transformers_path_gaps
@@ -210,10 +211,9 @@ class TransformersDecoder:
         self.base = hf_model.get_decoder()  # embeddings, layers and final norm: hidden states out
         self.head = hf_model.get_output_embeddings()
         self.config = config
-        heads = config.num_attention_heads
-        # GPT-2, GPT-NeoX, OPT: no num_key_value_heads (every head has its own keys)
-        self.n_kv = getattr(config, "num_key_value_heads", None) or heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        # from the attention the model runs, not its config: GPT-2 and GPT-NeoX ignore a num_key_value_heads there
+        shape = kv_shape(hf_model)
+        self.n_kv, self.head_dim = shape.kv_heads, shape.head_dim
         self.vocab_size = config.vocab_size
         self.hidden_size = config.hidden_size
         self.logit_ops = logit_ops(config)

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from devstack.children import start_child
 from devstack.net import free_port
 from devstack.serve import stop
 from devstack.stack import LocalStack
@@ -109,11 +110,11 @@ def epp(pod: LocalStack, saturated: int, tmp_path_factory) -> Iterator[int]:
         f'    labels:\n      llm-d.ai/engine-type: vllm\n' for name, port in entries))
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     log = open(folder / "epp.log", "w")  # noqa: SIM115 (closed after the process)
-    proc = subprocess.Popen(
+    proc = start_child(
         [EPP, "--config-text", CONFIG.format(endpoints=endpoints), "--pool-name", "sie-pool", "--pool-namespace",
          "default", "--secure-serving=false", "--tracing=false", "--grpc-port", str(grpc_port),
          "--grpc-health-port", str(health_port), "--metrics-port", str(metrics_port)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while True:
