@@ -32,6 +32,15 @@ def blocks(positions: int) -> int:
     return -(-positions // BLOCK_TOKENS)
 
 
+class InvariantBroken(AssertionError):
+    """A scheduler or pool invariant does not hold (raised whatever Python's -O, unlike an assert)."""
+
+
+def require(condition: bool, what: str) -> None:
+    if not condition:
+        raise InvariantBroken(what)
+
+
 class KVManager:
     def __init__(self, cache: KVCache, budget_tokens: int | None = None, prefix_cache_tokens: int = 0) -> None:
         if cache.block_size != BLOCK_TOKENS:
@@ -132,7 +141,7 @@ class KVManager:
     # -- invariants ----------------------------------------------------------------------------
 
     def check(self, holders: Iterable[Sequence]) -> None:
-        """The pool's accounting (raises AssertionError): every held block is held by the sequences given (the
+        """The pool's accounting (raises InvariantBroken): every held block is held by the sequences given (the
         running ones), as many times as its reference count says; free + idle + held is the pool; an idle block
         is cached, a free one is not."""
         pool = self.pool
@@ -141,10 +150,10 @@ class KVManager:
             for block in seq.blocks + seq.reserved:
                 counted[block] += 1
         counted[0] = 1  # the null block
-        assert counted == pool.refs, "a block's reference count is not the number of running sequences holding it"
+        require(counted == pool.refs, "a block's reference count is not the number of running sequences holding it")
         held = sum(1 for refs in pool.refs[1:] if refs)
-        assert len(pool.free) + len(pool.idle) + held == pool.total, "free + idle + held is not the pool"
-        assert all(pool.cached[block] and not pool.refs[block] for block in pool.idle), "an idle block is in use"
-        assert not any(pool.cached[block] or pool.refs[block] for block in pool.free), "a free block is in use"
+        require(len(pool.free) + len(pool.idle) + held == pool.total, "free + idle + held is not the pool")
+        require(all(pool.cached[block] and not pool.refs[block] for block in pool.idle), "an idle block is in use")
+        require(not any(pool.cached[block] or pool.refs[block] for block in pool.free), "a free block is in use")
         if self.prefix_cache is not None:
-            assert all(pool.cached[block] for block in self.prefix_cache.key_of), "a keyed block is not cached"
+            require(all(pool.cached[block] for block in self.prefix_cache.key_of), "a keyed block is not cached")

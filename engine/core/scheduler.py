@@ -26,10 +26,11 @@ from typing import Any
 
 from engine.core import kv_events
 from engine.core.admission import check_kv_room, check_request
+from engine.core.invariants import check_invariants
 from engine.core.kv_manager import BLOCK_TOKENS, KVManager
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.stats import EngineStats
-from engine.core.step_plan import PlannedSpan, StepPlan
+from engine.core.step_plan import PlannedSpan, StepBuilder, StepPlan
 from engine.core.waiting_queue import FcfsQueue
 from engine.errors import EngineError
 from engine.request import EngineRequest, RequestOutput
@@ -51,24 +52,6 @@ def _age(seq: Sequence) -> tuple[int, int]:
 def _seats(seq: Sequence) -> int:
     """Batch rows the sequence will hold: a new prompt's every n/best_of candidate, forked once it is computed."""
     return 1 if seq.group.forked else seq.group.params.width
-
-
-class _Step:
-    """One step's scheduling as it goes: the budget left, and which sequence computes up to which position."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.partial = 0  # prompt spans this step that stop short of their end
-        self.growth = 0  # rows whose next step starts a new block (admission keeps room for them)
-        self.scheduled: list[tuple[Sequence, int]] = []
-
-    def add(self, seq: Sequence, end: int) -> None:
-        self.budget -= end - seq.num_computed
-        self.scheduled.append((seq, end))
-        if end < seq.num_tokens:
-            self.partial += 1
-        elif end % BLOCK_TOKENS == 0:
-            self.growth += 1 if seq.group.forked else seq.group.params.width
 
 
 class Scheduler:
@@ -172,15 +155,15 @@ class Scheduler:
         self.reap_cancelled()
         preemptions = self.stats.preemptions
         self.running.sort(key=_age)
-        step = _Step(self.token_budget)
+        step = StepBuilder(self.token_budget)
         self._schedule_running(step)
         if self.stats.preemptions == preemptions:  # as vLLM: nothing new starts in a step that had to preempt
             self._schedule_waiting(step)
-        plan = self._plan(step)
+        plan = step.plan(self.kv)
         plan.preempted = self.stats.preemptions - preemptions
         return plan
 
-    def _span_end(self, seq: Sequence, start: int, step: _Step) -> int | None:
+    def _span_end(self, seq: Sequence, start: int, step: StepBuilder) -> int | None:
         """Where the sequence's next span ends, from position `start`, within the step's budget; None when it
         would be one prompt chunked too many."""
         remaining = seq.num_tokens - start
@@ -202,7 +185,7 @@ class Scheduler:
             return 0
         return seq.group.params.width - 1
 
-    def _schedule_running(self, step: _Step) -> None:
+    def _schedule_running(self, step: StepBuilder) -> None:
         """Every running sequence's next tokens, oldest first; while the blocks run out, the newest gives way."""
         index = 0
         while index < len(self.running) and step.budget > 0:
@@ -219,7 +202,7 @@ class Scheduler:
             step.add(seq, end)
             index += 1
 
-    def _schedule_waiting(self, step: _Step) -> None:
+    def _schedule_waiting(self, step: StepBuilder) -> None:
         """Waiting sequences from the head of the queue, each from its cached prefix, while the budget, the rows
         and the blocks last; a watermark of blocks stays free for the running rows' next steps."""
         seats = sum(map(_seats, self.running))
@@ -261,28 +244,6 @@ class Scheduler:
         seq.num_computed = 0
         self.waiting.add_preempted(seq)
         self.stats.preemptions += 1
-
-    def _plan(self, step: _Step) -> StepPlan:
-        """Decode rows in batch rows 0..B-1, then the spans; each sequence's block table in its row."""
-        plan = StepPlan()
-        spans: list[tuple[Sequence, int]] = []
-        for seq, end in step.scheduled:
-            if seq.group.forked and end == seq.num_tokens == seq.num_computed + 1:
-                plan.decode.append(seq)
-            else:
-                spans.append((seq, end))
-        for row, seq in enumerate(plan.decode):
-            self.kv.seat(seq, row)
-        for row, (seq, end) in enumerate(spans, start=len(plan.decode)):
-            self.kv.seat(seq, row)
-            start, request = seq.num_computed, seq.group.request
-            embeds = None
-            if request.prompt_embeds is not None and start < len(seq.prompt_ids):
-                embeds = request.prompt_embeds[start:end]
-            plan.spans.append(PlannedSpan(slot=row, tokens=seq.tokens(start, end), start=start,
-                                          sample=end == seq.num_tokens, adapter=seq.params.lora_adapter,
-                                          embeds=embeds, seq=seq))
-        return plan
 
     # -- after the forward ---------------------------------------------------------------------
 
@@ -342,7 +303,7 @@ class Scheduler:
             self.prefix_cache.events = []
         self.requests = {key: group for key, group in self.requests.items() if not group.sent_final}
         if self.check_invariants:
-            self.check()
+            check_invariants(self)
 
     def _heartbeat_preempted(self) -> None:
         """An empty output for each streamed request whose candidates all wait to be computed again after a
@@ -355,23 +316,3 @@ class Scheduler:
             if group.request.stream and not group.sent_final and last is not None \
                     and now - last >= PREEMPTED_HEARTBEAT_S:
                 group.emit(RequestOutput("", 0, "", progress=True))
-
-    def check(self) -> None:
-        """The invariants (AssertionError when one breaks): every live request's unfinished candidates are each in
-        exactly one place, waiting (holding nothing) or running; a running one holds room for what it computed;
-        and the pool's accounting (engine.core.kv_manager `check`) holds with the running ones as its holders."""
-        running, waiting = {id(s) for s in self.running}, {id(s) for s in self.waiting}
-        assert len(running) == len(self.running) and len(waiting) == len(self.waiting), "a sequence is queued twice"
-        assert not running & waiting, "a sequence is both waiting and running"
-        for seq in self.waiting:
-            assert not seq.blocks and not seq.reserved and seq.num_computed == 0, "a waiting sequence holds KV"
-        for seq in self.running:
-            assert not seq.finished and id(seq.group) in self.requests, "a running sequence has ended"
-            assert len(seq.blocks) * BLOCK_TOKENS >= seq.num_computed, "a sequence computed past its blocks"
-        for group in self.requests.values():
-            live = [seq for seq in group.sequences if not seq.finished]
-            assert live, f"request {group.request.request_id} has ended without its final output"
-            for seq in live:
-                assert (id(seq) in running) != (id(seq) in waiting), \
-                    f"request {group.request.request_id} is neither waiting nor running"
-        self.kv.check(self.running)

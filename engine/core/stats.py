@@ -29,21 +29,20 @@ def _timings() -> dict[str, collections.deque[float]]:
 
 @dataclass
 class EngineStats:
-    running: int = 0  # requests in the running batch (prefilling or decoding)
-    kv_used: int = 0  # KV blocks held by running requests (engine.core.slots counts them)
+    running: int = 0  # requests with a candidate in the running batch (computing its prompt or decoding)
+    kv_used: int = 0  # KV blocks held by running requests, each shared block once (engine.core.kv_manager)
     kv_budget: int = 1  # KV blocks in all
-    preemptions: int = 0  # running candidates preempted for KV room (recomputed later)
+    preemptions: int = 0  # running candidates preempted for KV room (computed again later)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cancelled: int = 0
-    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_hits: int = 0  # of those, tokens found there
+    prefix_queries: int = 0  # tokens looked up in the prefix cache, at every admission (a preempted one's return too)
+    prefix_hits: int = 0  # of those, tokens found there (never more than the queries)
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     timings: dict[str, collections.deque[float]] = field(default_factory=_timings)
 
     @property
     def kv_usage(self) -> float:
-        # between steps the count includes each row's next position, which the next step makes room for
         return min(1.0, self.kv_used / self.kv_budget) if self.kv_budget else 0.0
 
     def observe(self, timing: str, seconds: float) -> None:

@@ -4,13 +4,15 @@
 Every scheduled sequence computes its next tokens from its computed count: a decode row its one last token, a
 prompt (or a preempted candidate coming back) a span of its tokens. The decode rows hold batch rows 0..B-1; the
 spans follow in rows B.., each a runner `Span` that also names its sequence. A span samples when it reaches the
-end of its sequence's tokens: a new prompt's first token, or a returning candidate's next one.
+end of its sequence's tokens: a new prompt's first token, or a returning candidate's next one. The scheduler
+builds a plan with a `StepBuilder` as it goes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.core.kv_manager import BLOCK_TOKENS, KVManager
 from engine.core.sequence import Sequence
 from engine.runner.model_runner import Span
 
@@ -38,3 +40,44 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not (self.decode or self.spans)
+
+
+class StepBuilder:
+    """One step's scheduling as it goes: the token budget left, and which sequence computes up to which position."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.partial = 0  # prompt spans this step that stop short of their end
+        self.growth = 0  # rows whose next step starts a new block (admission keeps room for them)
+        self.scheduled: list[tuple[Sequence, int]] = []
+
+    def add(self, seq: Sequence, end: int) -> None:
+        """`seq` computes its tokens up to position `end` this step (its KV room already allocated)."""
+        self.budget -= end - seq.num_computed
+        self.scheduled.append((seq, end))
+        if end < seq.num_tokens:
+            self.partial += 1
+        elif end % BLOCK_TOKENS == 0:
+            self.growth += 1 if seq.group.forked else seq.group.params.width
+
+    def plan(self, kv: KVManager) -> StepPlan:
+        """Decode rows in batch rows 0..B-1, then the spans; each sequence's block table seated in its row."""
+        plan = StepPlan()
+        spans: list[tuple[Sequence, int]] = []
+        for seq, end in self.scheduled:
+            if seq.group.forked and end == seq.num_tokens == seq.num_computed + 1:
+                plan.decode.append(seq)
+            else:
+                spans.append((seq, end))
+        for row, seq in enumerate(plan.decode):
+            kv.seat(seq, row)
+        for row, (seq, end) in enumerate(spans, start=len(plan.decode)):
+            kv.seat(seq, row)
+            start, request = seq.num_computed, seq.group.request
+            embeds = None
+            if request.prompt_embeds is not None and start < len(seq.prompt_ids):
+                embeds = request.prompt_embeds[start:end]
+            plan.spans.append(PlannedSpan(slot=row, tokens=seq.tokens(start, end), start=start,
+                                          sample=end == seq.num_tokens, adapter=seq.params.lora_adapter,
+                                          embeds=embeds, seq=seq))
+        return plan

@@ -4,7 +4,10 @@ just admitted. Every scheduler here checks its invariants after every step."""
 
 from __future__ import annotations
 
-from engine.core.kv_manager import BLOCK_TOKENS
+import pytest
+
+from engine.core.invariants import check_invariants
+from engine.core.kv_manager import BLOCK_TOKENS, InvariantBroken
 
 from .scheduler_harness import add, assert_pool_whole, prompt_of, rid, run, scheduler, step, until_idle
 
@@ -154,3 +157,19 @@ def test_several_prompts_chunk_at_once_when_partial_prefills_are_allowed():
     add(sched, "short", 20, max_tokens=1)
     plan = sched.schedule()
     assert spans(plan) == [("long", 0, 32, False, 0), ("short", 0, 20, True, 1)]  # the short one starts at once
+
+
+def test_the_invariant_check_catches_a_lost_request_and_a_leaked_block():
+    sched = scheduler()
+    add(sched, "a", 20)
+    add(sched, "b", 20)
+    step(sched)
+    check_invariants(sched)
+    lost = sched.running.pop()  # neither waiting nor running, still holding its blocks
+    with pytest.raises(InvariantBroken, match="neither waiting nor running"):
+        check_invariants(sched)
+    sched.running.append(lost)
+    check_invariants(sched)
+    sched.kv.pool.take()  # a block no running sequence holds
+    with pytest.raises(InvariantBroken, match="reference count"):
+        check_invariants(sched)
