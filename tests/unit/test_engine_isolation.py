@@ -72,12 +72,19 @@ def test_rows_always_sit_at_their_own_slot(make_scheduler, prompts):
     run = Run(make_scheduler(slots=8))
     for i, p in enumerate(prompts):
         run.add(f"r{i}", p, greedy(1 + 3 * i, ignore_eos=True))
-    for _ in range(40):
-        if not run.sched.scheduler.has_work():
-            break
-        run.step()
-        rows = run.sched.scheduler.running  # after a step: the rows it decoded, in batch rows 0..B-1
-        assert sorted(s.slot for s in rows) == list(range(len(rows)))
+    sched = run.sched.scheduler
+    plan_step, plans = sched.schedule, []
+
+    def checked():
+        plan = plan_step()
+        plans.append(plan)
+        rows = [seq.slot for seq in plan.decode] + [span.slot for span in plan.spans]
+        assert rows == list(range(len(rows)))  # decode rows 0..B-1, then the spans
+        return plan
+
+    sched.schedule = checked
+    run.until_done()
+    assert len(plans) > 10
 
 
 # -- defect 3: a grammar that can only end, with min_tokens / ignore_eos ------------------------------
