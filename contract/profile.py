@@ -59,6 +59,9 @@ PARAMETERS: tuple[Parameter, ...] = (
               "row, the rest for prompt chunks (at least `max_slots`)", minimum=1),
     Parameter("max_num_partial_prefills", "int", 1, "engine", "prompts chunked at once; above 1 each prompt's chunk "
               "is capped at its share of the budget, so short prompts start beside a long one", minimum=1),
+    Parameter("scheduling_policy", "str", "fcfs", "engine", "`fcfs`, `priority` (the request's `priority`, lower "
+              "first, preempting lower ones) or `fair` (tenants share by weighted tokens served) "
+              "([scheduling.md](scheduling.md))", choices=("fcfs", "priority", "fair")),
     Parameter("debug_scheduler_invariants", "bool", False, "engine", "check the scheduler's invariants (every "
               "request in one state, the KV pool's accounting) after every step; a broken one fails the engine"),
     Parameter("kv_budget_tokens", "int", None, "engine", "KV memory in positions: the paged pool that running "
@@ -127,6 +130,7 @@ class Profile:
     max_queue: int
     max_num_batched_tokens: int
     max_num_partial_prefills: int
+    scheduling_policy: str
     debug_scheduler_invariants: bool
     kv_budget_tokens: int | None
     kv_memory: int | float | None

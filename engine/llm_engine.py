@@ -57,6 +57,7 @@ class EngineConfig:
     # no faster on the 2-core CPU)
     max_num_batched_tokens: int = 1024
     max_num_partial_prefills: int = 1  # prompts chunked at once (engine.core.scheduler)
+    scheduling_policy: str = "fcfs"  # fcfs | priority | fair (engine.core.waiting_queue)
     check_scheduler_invariants: bool = False  # check them after every step (tests; a debug setting when served)
     max_queue: int = 256
     device: str = "cpu"
@@ -164,7 +165,8 @@ class LLMEngine:
                                reasoning=config.reasoning,
                                publish_kv_events=self.kv_events.publish if self.kv_events is not None else None,
                                max_partial_prefills=config.max_num_partial_prefills,
-                               check_invariants=config.check_scheduler_invariants)
+                               check_invariants=config.check_scheduler_invariants,
+                               scheduling_policy=config.scheduling_policy)
         self.grammars = GrammarCompilerCache(self.tokenizer, decoder.vocab_size, self.sampler.stop_token_set,
                                              config.grammar_budget_s)
 

@@ -51,3 +51,6 @@ class EngineRequest:
     # the tenant's scope in the prefix cache (the `cache_salt` Triton input): its blocks are found only by requests
     # with the same salt. Kept out of the repr, so it never reaches a log line.
     cache_salt: str | None = field(default=None, repr=False)
+    priority: int = 0  # lower runs earlier, as vLLM's (the `priority` scheduling policy; within a tenant under `fair`)
+    tenant: str | None = None  # an opaque id of who sent it (a keyed hash, never the key): the `fair` policy's unit
+    tenant_weight: float = 1.0  # the tenant's share under `fair` (its weight in the keys file)

@@ -42,7 +42,8 @@ class EngineCore:
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0,
                  postprocess: Postprocess | None = None, reasoning: bool = False,
                  publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None,
-                 max_partial_prefills: int = 1, check_invariants: bool = False) -> None:
+                 max_partial_prefills: int = 1, check_invariants: bool = False,
+                 scheduling_policy: str = "fcfs") -> None:
         """`postprocess`: hook(seq) -> extra closing fields (tool calls, strict-grammar checks);
         `publish_kv_events`: takes each step's KV events (engine.core.kv_events), when a router wants them;
         the rest is the scheduler's (engine.core.scheduler)."""
@@ -50,7 +51,7 @@ class EngineCore:
         self.sampler = sampler
         self.scheduler = Scheduler(runner, sampler.counts, tokenizer, max_num_batched_tokens, kv_budget_tokens,
                                    prefix_cache_tokens, reasoning, publish_kv_events, max_partial_prefills,
-                                   check_invariants)
+                                   check_invariants, scheduling_policy)
         self.stats = self.scheduler.stats
         self.outputs = OutputStage(tokenizer, sampler.stop_token_set, self.stats, postprocess)
         self.timing = StepTiming()  # where a decode step's time goes (bench/engine.py prints it)

@@ -78,14 +78,19 @@ class KVManager:
             seq.chain = (length, chain)
         return seq.chain[1]
 
+    def fits(self, seq: Sequence, end: int, hits: Seq[int] = (), reserve: int = 0, headroom: int = 0) -> bool:
+        """Whether `allocate` with these arguments would succeed now."""
+        new = max(0, blocks(end) - len(seq.blocks) - len(hits))
+        idle_hits = sum(1 for block in hits if self.pool.refs[block] == 0)  # holding one takes it from the idle
+        return new + reserve + idle_hits + headroom <= self.pool.available
+
     def allocate(self, seq: Sequence, end: int, hits: Seq[int] = (), reserve: int = 0, headroom: int = 0) -> bool:
         """Room for the sequence's positions up to `end`, or False having changed nothing. `hits`: cached blocks
         it starts with (a sequence holding none yet), held first; `reserve`: blocks set aside for its n/best_of
         forks' copies; `headroom`: blocks that must stay available after (admission's watermark)."""
-        new = max(0, blocks(end) - len(seq.blocks) - len(hits))
-        idle_hits = sum(1 for block in hits if self.pool.refs[block] == 0)  # holding one takes it from the idle
-        if new + reserve + idle_hits + headroom > self.pool.available:
+        if not self.fits(seq, end, hits, reserve, headroom):
             return False
+        new = max(0, blocks(end) - len(seq.blocks) - len(hits))
         for block in hits:
             self.pool.hold(block)
         seq.blocks.extend(hits)

@@ -26,12 +26,13 @@ from typing import Any
 
 from engine.core import kv_events
 from engine.core.admission import check_kv_room, check_request
+from engine.core.fair_share import FairQueue
 from engine.core.invariants import check_invariants
 from engine.core.kv_manager import BLOCK_TOKENS, KVManager
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.stats import EngineStats
 from engine.core.step_plan import PlannedSpan, StepBuilder, StepPlan
-from engine.core.waiting_queue import FcfsQueue
+from engine.core.waiting_queue import FcfsQueue, PriorityQueue, WaitingPolicy
 from engine.errors import EngineError
 from engine.request import EngineRequest, RequestOutput
 from engine.runner.model_runner import ModelRunner
@@ -39,14 +40,11 @@ from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
 
+POLICIES: dict[str, type[WaitingPolicy]] = {"fcfs": FcfsQueue, "priority": PriorityQueue, "fair": FairQueue}
+
 # a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
 # gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
 PREEMPTED_HEARTBEAT_S = 10.0
-
-
-def _age(seq: Sequence) -> tuple[int, int]:
-    """(admission, candidate): larger is newer, and the newest running sequence is preempted first."""
-    return (seq.group.admission, seq.index)
 
 
 def _seats(seq: Sequence) -> int:
@@ -58,11 +56,13 @@ class Scheduler:
     def __init__(self, runner: ModelRunner, counts: PenaltyCounts, tokenizer, max_num_batched_tokens: int = 1024,
                  kv_budget_tokens: int | None = None, prefix_cache_tokens: int = 0, reasoning: bool = False,
                  publish_kv_events: Callable[[list[dict[str, Any]]], None] | None = None,
-                 max_partial_prefills: int = 1, check_invariants: bool = False) -> None:
+                 max_partial_prefills: int = 1, check_invariants: bool = False,
+                 scheduling_policy: str = "fcfs") -> None:
         """`counts`: the sampler's penalty counts (a retired row's is freed at once); `reasoning`: the model
         thinks in <think>...</think> (its profile says so); `max_partial_prefills`: prompts chunked at once (more
         than one caps each prompt's chunk at its share of the budget, so short prompts start beside a long one);
-        `check_invariants`: check the requests' states and the pool's accounting after every step."""
+        `check_invariants`: check the requests' states and the pool's accounting after every step;
+        `scheduling_policy`: `fcfs`, `priority` or `fair` (engine.core.waiting_queue)."""
         self.runner = runner
         self.counts = counts
         self.tokenizer = tokenizer
@@ -75,11 +75,12 @@ class Scheduler:
         self.kv = KVManager(runner.cache, kv_budget_tokens, prefix_cache_tokens)
         self.kv_budget = self.kv.budget_tokens
         self.prefix_cache = self.kv.prefix_cache
-        self.waiting = FcfsQueue()
+        self.waiting: WaitingPolicy = POLICIES[scheduling_policy]()
         self.running: list[Sequence] = []
         self.requests: dict[int, SequenceGroup] = {}  # every request not yet ended
         self.clock = time.monotonic  # injectable (tests)
         self._admissions = itertools.count()
+        self._arrivals = itertools.count()
         self.stats = EngineStats(kv_budget=self.kv.total_blocks)
         self.check_invariants = check_invariants
         self.reasoning = reasoning
@@ -103,6 +104,7 @@ class Scheduler:
         if request.grammar is not None:
             parent.grammar = request.grammar()
         group.sequences = [parent]
+        group.order = next(self._arrivals)
         self.requests[id(group)] = group
         self.waiting.add(parent)
 
@@ -130,7 +132,8 @@ class Scheduler:
             if seq in self.waiting:
                 self.waiting.remove(seq)
             self.retire(seq)
-        self.requests.pop(id(group), None)
+        if self.requests.pop(id(group), None) is not None:
+            self.waiting.done(group)
         if reason == "cancelled":
             self.stats.cancelled += 1
         if not group.sent_final:
@@ -154,10 +157,12 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         self.reap_cancelled()
         preemptions = self.stats.preemptions
-        self.running.sort(key=_age)
+        self.running.sort(key=self.waiting.rank)  # the last gives way first
+        self._preempt_for_rank()
         step = StepBuilder(self.token_budget)
+        before = self.stats.preemptions_by_cause["kv"]
         self._schedule_running(step)
-        if self.stats.preemptions == preemptions:  # as vLLM: nothing new starts in a step that had to preempt
+        if self.stats.preemptions_by_cause["kv"] == before:  # as vLLM: nothing starts in a step short of blocks
             self._schedule_waiting(step)
         plan = step.plan(self.kv)
         plan.preempted = self.stats.preemptions - preemptions
@@ -169,7 +174,7 @@ class Scheduler:
         remaining = seq.num_tokens - start
         count = min(remaining, step.budget)
         if self.max_partial_prefills > 1 and remaining > 1:  # vLLM's long_prefill_token_threshold
-            count = min(count, self.token_budget // self.max_partial_prefills)
+            count = min(count, max(1, self.token_budget // self.max_partial_prefills))
         end = start + count
         prompt = len(seq.prompt_ids)
         if seq.group.request.prompt_embeds is not None and start < prompt:
@@ -185,6 +190,25 @@ class Scheduler:
             return 0
         return seq.group.params.width - 1
 
+    def _preempt_for_rank(self) -> None:
+        """A waiting request that outranks the last running one (engine.core.waiting_queue: a better priority, or a
+        tenant with less service) takes its place when there is no room for it: no batch row, or too few blocks
+        for its first span."""
+        while (seq := self.waiting.peek()) is not None and (victim := self.waiting.victim(self.running)) is not None:
+            if not self.waiting.outranks(seq, victim, self.running) or self._room_for(seq):
+                return
+            self._preempt(victim, "priority")
+
+    def _room_for(self, seq: Sequence) -> bool:
+        """Whether the waiting sequence could be admitted now: a batch row for each of its candidates, and the
+        blocks of its first span (within what the decode rows leave of the budget) beside the watermark."""
+        if sum(map(_seats, self.running)) + _seats(seq) > self.max_slots:
+            return False
+        hits = self.kv.cached_prefix(seq)
+        start = len(hits) * BLOCK_TOKENS
+        end = min(seq.num_tokens, start + max(1, self.token_budget - len(self.running)))
+        return self.kv.fits(seq, end, hits, self._fork_reserve(seq, end), self.kv.watermark)
+
     def _schedule_running(self, step: StepBuilder) -> None:
         """Every running sequence's next tokens, oldest first; while the blocks run out, the newest gives way."""
         index = 0
@@ -195,8 +219,8 @@ class Scheduler:
                 index += 1
                 continue
             while not self.kv.allocate(seq, end, reserve=self._fork_reserve(seq, end)):
-                victim = self.running[-1]  # not yet scheduled: the running are in age order
-                self._preempt(victim)
+                victim = self.running[-1]  # not yet scheduled: the running are in rank order
+                self._preempt(victim, "kv")
                 if victim is seq:
                     return
             step.add(seq, end)
@@ -231,19 +255,22 @@ class Scheduler:
             group.cached_tokens = cached
             self.stats.observe("request_queue_time", group.admitted_at - group.request.arrival)
             self.stats.prompt_tokens += len(group.request.prompt_ids)
+            self.waiting.charge(seq, len(group.request.prompt_ids) - cached, 0)
         if self.prefix_cache is not None:  # every lookup counts, a preempted candidate's return included
             self.stats.prefix_queries += seq.num_tokens
             self.stats.prefix_hits += cached
         seq.num_computed = cached
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence, cause: str) -> None:
         """The sequence gives its blocks back (what it wrote stays keyed in the prefix cache, for its return) and
-        waits at the front of the queue, to be computed again from its first token."""
+        waits in its place in the queue (under fcfs, the front), to be computed again from its first token.
+        `cause`: `kv` (the blocks ran out) or `priority` (a waiting request outranked it)."""
         self.kv.keep(seq, seq.num_computed)
         self.retire(seq)
         seq.num_computed = 0
         self.waiting.add_preempted(seq)
         self.stats.preemptions += 1
+        self.stats.preemptions_by_cause[cause] += 1
 
     # -- after the forward ---------------------------------------------------------------------
 
@@ -253,6 +280,7 @@ class Scheduler:
         in span order, and how many rows each sampling span feeds."""
         for seq in decoded:
             seq.num_computed += 1
+            self.waiting.charge(seq, 0, 1)
         rows: list[Sequence] = []
         widths: list[int] = []
         for span in spans:
@@ -268,6 +296,8 @@ class Scheduler:
             else:
                 rows.append(seq)
                 widths.append(1)
+        for seq in rows:
+            self.waiting.charge(seq, 0, 1)
         return rows, widths
 
     def _fork(self, group: SequenceGroup) -> None:
@@ -301,9 +331,13 @@ class Scheduler:
         if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
             self.publish_kv_events(self.prefix_cache.events)
             self.prefix_cache.events = []
-        self.requests = {key: group for key, group in self.requests.items() if not group.sent_final}
+        for key, group in list(self.requests.items()):
+            if group.sent_final:
+                del self.requests[key]
+                self.waiting.done(group)
+        self.stats.count_bands(self.running, self.waiting)
         if self.check_invariants:
-            check_invariants(self)
+            check_invariants(self.running, self.waiting, self.requests, self.kv)
 
     def _heartbeat_preempted(self) -> None:
         """An empty output for each streamed request whose candidates all wait to be computed again after a

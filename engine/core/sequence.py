@@ -108,6 +108,7 @@ class SequenceGroup:
         self.progress_sent = False  # the first-token progress output of a non-streamed request
         self.admission = -1  # the scheduler's admission order (the newest running candidates are preempted first)
         self.forked = False  # its prompt is computed and its n/best_of candidates made
+        self.order = -1  # arrival order at the scheduler (the waiting queue's first come, first served)
         self.last_output_at: float | None = None  # when it last sent an output (liveness of preempted streams)
         self.reasoning = False  # the model declares reasoning: split <think> text from content
         self.thinking_open = False  # the rendered prompt already opened the thinking block

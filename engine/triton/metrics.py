@@ -64,6 +64,14 @@ class EngineMetrics:
                                "KV blocks in use by running requests over all KV blocks (0..1)"),
         }
         self._counters = {attr: self._metric(self._kinds.COUNTER, name, doc) for name, (attr, doc) in COUNTERS.items()}
+        # preemptions by cause, and requests by priority band (three bands whatever the priorities: bounded)
+        self._by_cause = {cause: self._metric(self._kinds.COUNTER, "sie_engine_num_preemptions_by_cause_total",
+                                              "Preemptions by cause: kv (blocks ran out), priority (outranked)",
+                                              cause=cause) for cause in engine.stats.preemptions_by_cause}
+        self._bands = {(state, band): self._metric(gauge, f"sie_engine_num_requests_{state}_by_priority",
+                                                   f"Requests {state} in the engine by priority band "
+                                                   "(high < 0, default 0, low > 0)", priority_band=band)
+                       for state in ("running", "waiting") for band in engine.stats.running_by_band}
         # vLLM's cache_config_info: KV-aware routers and autoscalers read the block size and count from its labels
         self._cache_info = self._metric(gauge, "sie_engine_cache_config_info", "KV cache configuration (value 1)",
                                         **engine.cache_config)
@@ -120,6 +128,11 @@ class EngineMetrics:
         self._gauges["kv"].set(stats.kv_usage)
         for attr, metric in self._counters.items():
             self._add(attr, metric, getattr(stats, attr))
+        for cause, metric in self._by_cause.items():
+            self._add(f"cause:{cause}", metric, stats.preemptions_by_cause[cause])
+        for state, counts in (("running", stats.running_by_band), ("waiting", stats.waiting_by_band)):
+            for band, value in counts.items():
+                self._bands[(state, band)].set(value)
         for reason, value in dict(stats.finished).items():  # a copy: the engine thread may add a reason
             if reason not in self._finished:
                 self._finished[reason] = self._finished_metric(reason)

@@ -40,6 +40,7 @@ def engine_config(profile: Profile, *, model_dir: str, triton_name: str, device:
         max_len=profile.context_length,
         max_num_batched_tokens=profile.max_num_batched_tokens,
         max_num_partial_prefills=profile.max_num_partial_prefills,
+        scheduling_policy=profile.scheduling_policy,
         check_scheduler_invariants=profile.debug_scheduler_invariants,
         burst_window_ms=profile.burst_window_ms,
         burst_quiet_ms=profile.burst_quiet_ms,

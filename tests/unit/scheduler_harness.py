@@ -36,10 +36,10 @@ class _Tokenizer:
 
 
 def scheduler(slots: int = 8, max_len: int = 512, blocks: int = 64, budget: int = 64, prefix_cache: bool = False,
-              partial: int = 1) -> Scheduler:
+              partial: int = 1, policy: str = "fcfs") -> Scheduler:
     return Scheduler(_Runner(slots, max_len, blocks), _Counts(), _Tokenizer(), max_num_batched_tokens=budget,
                      kv_budget_tokens=blocks * BLOCK_TOKENS, prefix_cache_tokens=blocks * BLOCK_TOKENS * prefix_cache,
-                     max_partial_prefills=partial, check_invariants=True)
+                     max_partial_prefills=partial, check_invariants=True, scheduling_policy=policy)
 
 
 def prompt_of(name: str, length: int) -> list[int]:
@@ -47,12 +47,14 @@ def prompt_of(name: str, length: int) -> list[int]:
 
 
 def add(sched: Scheduler, rid: str, prompt: int | list[int], max_tokens: int = 100, n: int = 1,
-        best_of: int | None = None, adapter: str | None = None, cancelled=None) -> list[RequestOutput]:
+        best_of: int | None = None, adapter: str | None = None, cancelled=None, priority: int = 0,
+        tenant: str | None = None, weight: float = 1.0) -> list[RequestOutput]:
     outputs: list[RequestOutput] = []
     tokens = prompt_of(rid, prompt) if isinstance(prompt, int) else prompt
     params = SamplingParams(temperature=0.0 if n == 1 and not best_of else 1.0, max_tokens=max_tokens, n=n,
                             best_of=best_of, ignore_eos=True, lora_adapter=adapter)
-    sched.add(EngineRequest(rid, tokens, params, outputs.append, is_cancelled=cancelled))
+    sched.add(EngineRequest(rid, tokens, params, outputs.append, is_cancelled=cancelled, priority=priority,
+                            tenant=tenant, tenant_weight=weight))
     return outputs
 
 

@@ -1,5 +1,6 @@
 """The scheduler under random traffic, without a model (hypothesis' stateful testing): random arrivals with shared
-prefixes, adapters, n and best_of, prompt and output lengths; cancellations at any point; tiny pools and budgets.
+prefixes, adapters, n and best_of, prompt and output lengths, priorities and tenants under each scheduling policy;
+cancellations at any point; tiny pools and budgets.
 
 After every step the scheduler checks its invariants (every live request's candidates each in exactly one place,
 reference counts equal to the references, free + idle + held = the pool) and the harness checks the plan the
@@ -24,25 +25,28 @@ COVERAGE = {"steps": 0, "requests": 0, "preemptions": 0, "cancelled": 0}
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(slots=st.integers(2, 8), blocks=st.integers(8, 40), extra_budget=st.integers(0, 120),
-                prefix_cache=st.booleans(), partial=st.integers(1, 3))
-    def start(self, slots, blocks, extra_budget, prefix_cache, partial):
+                prefix_cache=st.booleans(), partial=st.integers(1, 3),
+                policy=st.sampled_from(["fcfs", "fcfs", "priority", "fair"]))
+    def start(self, slots, blocks, extra_budget, prefix_cache, partial, policy):
         self.sched = scheduler(slots=slots, max_len=256, blocks=blocks, budget=slots + extra_budget,
-                               prefix_cache=prefix_cache, partial=partial)
+                               prefix_cache=prefix_cache, partial=partial, policy=policy)
         self.outputs: dict[str, list] = {}
         self.cancelled: set[str] = set()
         self.count = 0
 
     @rule(prefix=st.integers(-1, 2), suffix=st.integers(1, 60), max_tokens=st.integers(1, 120),
           width=st.sampled_from([(1, None), (1, None), (2, None), (1, 3), (2, 2)]),
-          adapter=st.sampled_from([None, None, "a1", "a2"]))
-    def arrive(self, prefix, suffix, max_tokens, width, adapter):
+          adapter=st.sampled_from([None, None, "a1", "a2"]), priority=st.sampled_from([0, 0, -1, 2]),
+          tenant=st.sampled_from([None, "t1", "t2"]))
+    def arrive(self, prefix, suffix, max_tokens, width, adapter, priority, tenant):
         name = f"r{self.count}"
         self.count += 1
         tokens = (PREFIXES[prefix] if prefix >= 0 else []) + prompt_of(name, suffix)
         max_tokens = min(max_tokens, 256 - len(tokens))
         try:
             self.outputs[name] = add(self.sched, name, tokens, max_tokens=max_tokens, n=width[0], best_of=width[1],
-                                     adapter=adapter, cancelled=lambda name=name: name in self.cancelled)
+                                     adapter=adapter, cancelled=lambda name=name: name in self.cancelled,
+                                     priority=priority, tenant=tenant)
         except EngineError:
             return  # what could never run on this engine is refused at once (tests/unit/test_engine_admission.py)
         COVERAGE["requests"] += 1
