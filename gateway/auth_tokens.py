@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from gateway.key_settings import DEFAULT_POLICY, KeyPolicy, KeySettingError, is_setting, parse_key_settings
+from gateway.key_settings import DEFAULT_POLICY, OPEN_POLICY, KeyPolicy, KeySettingError, is_setting, parse_key_settings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class Tenant:
         return "Tenant(...)"
 
 
-ANONYMOUS = Tenant(ANONYMOUS_OWNER)
+# with auth off nobody can be told apart, so nobody is held back: every priority is open, as on vLLM
+ANONYMOUS = Tenant(ANONYMOUS_OWNER, policy=OPEN_POLICY)
 
 
 class KeysFileError(ValueError):

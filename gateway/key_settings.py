@@ -39,6 +39,7 @@ class KeyPolicy:
 
 
 DEFAULT_POLICY = KeyPolicy()
+OPEN_POLICY = KeyPolicy(priority_min=PRIORITY_MIN)  # auth off: there is no key to allow or refuse anything
 
 
 class KeySettingError(ValueError):
