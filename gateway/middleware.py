@@ -142,6 +142,9 @@ class BodyEnd:
         finally:
             self._end()
 
+    # a BodyEnd may wrap another (admission's slot inside the request metrics): the outer one closes the inner
+    aclose = close
+
     def _end(self) -> None:
         ended, self._ended = self._ended, None
         if ended is not None:
