@@ -51,6 +51,10 @@ class EngineRequest:
     # the tenant's scope in the prefix cache (the `cache_salt` Triton input): its blocks are found only by requests
     # with the same salt. Kept out of the repr, so it never reaches a log line.
     cache_salt: str | None = field(default=None, repr=False)
-    priority: int = 0  # lower runs earlier, as vLLM's (the `priority` scheduling policy; within a tenant under `fair`)
-    tenant: str | None = None  # an opaque id of who sent it (a keyed hash, never the key): the `fair` policy's unit
-    tenant_weight: float = 1.0  # the tenant's share under `fair` (its weight in the keys file)
+    # for the scheduling policies (engine/triton/intake.py reads them off the Triton request): `priority` in vLLM's
+    # meaning, lower runs earlier (-1000..1000, from `sampling_parameters`); `tenant`, who fair sharing counts the
+    # request against (a keyed hash from the gateway, never a key or a name; None: the one shared tenant), and the
+    # tenant's `tenant_weight`, its share relative to weight-1 tenants (both from the `tenant` input)
+    priority: int = 0
+    tenant: str | None = field(default=None, repr=False)
+    tenant_weight: float = 1.0

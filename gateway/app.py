@@ -7,6 +7,7 @@ from typing import Any
 import falcon
 import falcon.asgi
 
+from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.disconnect import DisconnectAware
 from gateway.drain import Drain
@@ -50,7 +51,9 @@ def create_app(settings: Settings, registry: ModelRegistry | None = None, drain:
     prefix_routing = PrefixRouting.from_settings(settings)
     service = GenerationService(settings, registry, supervisor.model_died, drain,
                                 prefix_routing if prefix_routing.feeds else None)
-    middleware: list[Any] = [ObserveRequests(), RequestContextMiddleware(settings, auth)]
+    auth = auth or Authenticator(settings)
+    # admission after authentication: it reads the key's settings (docs/auth.md, "Per-key limits and priorities")
+    middleware: list[Any] = [ObserveRequests(), RequestContextMiddleware(settings, auth), Admission(auth)]
     app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/chat/completions", ChatCompletionsResource(settings, service))

@@ -3,7 +3,7 @@ each request belongs to (gateway/auth_tokens.py)."""
 
 from __future__ import annotations
 
-from gateway.auth_tokens import ANONYMOUS, Tenant, TokenTable, load_secret
+from gateway.auth_tokens import ANONYMOUS, Tenant, TokenTable, keyed_hash, load_secret
 from gateway.errors import ServerMisconfigured, Unauthorized
 from gateway.settings import Settings
 
@@ -32,9 +32,11 @@ class Authenticator:
         self.mode = settings.auth_mode
         self.open_paths = OPEN_PATHS | (OPERATIONAL_PATHS if settings.auth_exempt_operational else frozenset())
         self.tokens: TokenTable | None = None
+        self._secret_file = settings.tenant_secret_file
+        self._secret: bytes | None = None
         if self.mode != "none":
-            self.tokens = TokenTable(settings.auth_tokens, settings.auth_tokens_file,
-                                     load_secret(settings.tenant_secret_file),
+            self._secret = load_secret(settings.tenant_secret_file)
+            self.tokens = TokenTable(settings.auth_tokens, settings.auth_tokens_file, self._secret,
                                      salted=settings.prefix_cache_scope == "tenant")
 
     def check(self, path: str, authorization: str | None, api_key: str | None) -> Tenant:
@@ -54,6 +56,14 @@ class Authenticator:
         if tenant is None:
             raise Unauthorized("Invalid token", token_sent=True)
         return tenant
+
+    def user_tenant(self, user: str) -> str:
+        """With auth off, the fair-share tenant of a request's `user`: a keyed hash under the shared secret, so every
+        worker and replica sees one user as one tenant and the engine never sees the user. The secret is read on
+        first use, so a gateway whose clients send no `user` never creates it."""
+        if self._secret is None:
+            self._secret = load_secret(self._secret_file)
+        return keyed_hash(self._secret, "fair-share", "user:" + user)
 
     def reload_keys(self) -> None:
         """SIGHUP (gateway/worker.py): re-read the keys file before the next request."""

@@ -9,6 +9,8 @@ The keys file, one entry a line (blank lines and `#` comments ignored):
 
     3f9c0a...            a key alone: its own tenant
     team-a 91ab02...     a tenant name, then a key: every key of team-a shares its responses and its cache
+    team-b 5d0e77... priority=-5..5 weight=2 max_concurrent=8 tpm=20000
+                         optional per-key settings after the key (gateway/key_settings.py)
 
 Every authenticated request stats the file (microseconds, a local file): a changed inode, size or mtime reloads it
 before the request is checked, so a removed key is refused from its next request on. SIGHUP forces a reload (a
@@ -24,8 +26,11 @@ import logging
 import os
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
+
+from gateway.key_settings import DEFAULT_POLICY, OPEN_POLICY, KeyPolicy, KeySettingError, is_setting, parse_key_settings
 
 log = logging.getLogger(__name__)
 
@@ -36,38 +41,53 @@ ANONYMOUS_OWNER = "anonymous"  # auth off: every client is this one tenant
 @dataclass(frozen=True)
 class Tenant:
     """Who a request is, as far as scoping goes. `owner` marks its stored responses; `cache_salt` (None: the
-    shared cache) keys its prefix-cache blocks in the engine. Neither is, or reveals, the key."""
+    shared cache) keys its prefix-cache blocks in the engine; `fair_share` (None: the one shared tenant) is who the
+    engine's fair sharing sees, whatever the cache scope; `policy` is the key's own settings and `key_id` the keyed
+    hash its limits are counted under. None of them is, or reveals, the key."""
 
     owner: str
     cache_salt: str | None = None
+    fair_share: str | None = None
+    policy: KeyPolicy = field(default=DEFAULT_POLICY, compare=False)
+    key_id: str = field(default="", compare=False)  # keys of one named tenant are one tenant, each with its limits
 
     def __repr__(self) -> str:  # owners are not secret, but they have no business in logs either
         return "Tenant(...)"
 
 
-ANONYMOUS = Tenant(ANONYMOUS_OWNER)
+# with auth off nobody can be told apart, so nobody is held back: every priority is open, as on vLLM
+ANONYMOUS = Tenant(ANONYMOUS_OWNER, policy=OPEN_POLICY)
 
 
 class KeysFileError(ValueError):
     """A keys file that cannot be used; the message names the line, never its content."""
 
 
-def parse_keys_file(text: str) -> list[tuple[str, str | None]]:
-    """(key, tenant name or None) per entry."""
-    entries: list[tuple[str, str | None]] = []
+class KeyEntry(NamedTuple):
+    key: str
+    tenant: str | None  # the operator's tenant name; None: the key is its own tenant
+    policy: KeyPolicy = DEFAULT_POLICY
+
+
+def parse_keys_file(text: str) -> list[KeyEntry]:
+    """One entry per line that has one: `KEY` or `TENANT KEY`, then optional `name=value` settings."""
+    entries: list[KeyEntry] = []
     for number, raw in enumerate(text.splitlines(), 1):
         fields = raw.split()
         comment = next((i for i, f in enumerate(fields) if f.startswith("#")), len(fields))
         fields = fields[:comment]  # a comment runs from a field that starts with '#' (so a key never does)
         if not fields:
             continue
-        if len(fields) == 1:
-            entries.append((fields[0], None))
-        elif len(fields) == 2 and _TENANT_NAME.match(fields[0]):
-            entries.append((fields[1], fields[0]))
-        else:
+        named = len(fields) > 1 and not is_setting(fields[1])
+        if named and not _TENANT_NAME.match(fields[0]):
             raise KeysFileError(f"line {number}: expected 'KEY' or 'TENANT KEY' (TENANT: [A-Za-z0-9._-], "
-                                "at most 64 characters)")
+                                "at most 64 characters), then settings NAME=VALUE")
+        key, name, settings = (fields[1], fields[0], fields[2:]) if named else (fields[0], None, fields[1:])
+        try:
+            policy = parse_key_settings(settings) if settings else DEFAULT_POLICY
+        except KeySettingError as exc:
+            raise KeysFileError(f"line {number}: {exc}") from None
+        entries.append(KeyEntry(key, name, policy))
     return entries
 
 
@@ -103,7 +123,7 @@ class TokenTable:
                  salted: bool) -> None:
         self._secret = secret
         self._salted = salted
-        self._fixed: list[tuple[str, str | None]] = [(t, None) for t in env_tokens]
+        self._fixed: list[KeyEntry] = [KeyEntry(t, None) for t in env_tokens]
         self._file = keys_file
         self._signature: tuple[int, int, int] | None = None
         self._forced = False
@@ -154,15 +174,20 @@ class TokenTable:
         self._rebuild(entries)
         log.info("read %d keys from SIE_AUTH_TOKENS_FILE", len(entries))
 
-    def _rebuild(self, file_entries: list[tuple[str, str | None]]) -> None:
-        self._entries = [(key.encode(), self._tenant(key, name)) for key, name in [*self._fixed, *file_entries]]
+    def _rebuild(self, file_entries: list[KeyEntry]) -> None:
+        self._entries = [(entry.key.encode(), self._tenant(entry)) for entry in [*self._fixed, *file_entries]]
 
-    def _tenant(self, key: str, name: str | None) -> Tenant:
-        owner = f"tenant:{name}" if name is not None else "key:" + self._mac("key", key)[:32]
-        return Tenant(owner, self._mac("prefix-cache", owner)[:32] if self._salted else None)
+    def _tenant(self, entry: KeyEntry) -> Tenant:
+        key_id = keyed_hash(self._secret, "key", entry.key)
+        owner = f"tenant:{entry.tenant}" if entry.tenant is not None else "key:" + key_id
+        return Tenant(owner, keyed_hash(self._secret, "prefix-cache", owner) if self._salted else None,
+                      fair_share=keyed_hash(self._secret, "fair-share", owner), policy=entry.policy, key_id=key_id)
 
-    def _mac(self, purpose: str, value: str) -> str:
-        return hmac.new(self._secret, f"{purpose}\0{value}".encode(), hashlib.sha256).hexdigest()
+
+def keyed_hash(secret: bytes, purpose: str, value: str) -> str:
+    """HMAC-SHA256 of `value` for one `purpose`, as 32 hex characters: the same value under the same secret is the
+    same id in every worker and replica, and one purpose's id says nothing about another's."""
+    return hmac.new(secret, f"{purpose}\0{value}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def _stat_signature(path: str) -> tuple[int, int, int] | None:

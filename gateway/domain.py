@@ -72,6 +72,14 @@ class GenerationRequest:
     # the `cache_salt` Triton input: the tenant's prefix-cache scope, set per endpoint by the service (never in a
     # repr, so never in a log line)
     cache_salt: str | None = field(default=None, repr=False)
+    # the engine's scheduling (docs/triton-contract.md): `priority` (lower runs earlier) rides in
+    # `sampling_parameters`; `tenant` (a keyed hash, None: the one shared tenant) and its fair-share weight are the
+    # `tenant` input, set by admission (gateway/admission.py) and sent to models that declare it
+    priority: int = 0
+    tenant: str | None = field(default=None, repr=False)
+    tenant_weight: float = 1.0
+    # the client's `user`: with auth off, admission turns it into `tenant`, then drops it. Never sent, never in a repr
+    user: str | None = field(default=None, repr=False)
     options: dict[str, Any] | None = None
     profile: str | None = None  # "model:profile" suffix
     # Request path of the first image (`images` or `messages[i].content[j].type`), so a model
@@ -112,6 +120,8 @@ class GenerationRequest:
             "chat_template_kwargs": self.chat_template_kwargs,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
+        if self.priority:
+            params["priority"] = self.priority  # where the Triton vLLM backend reads it too; absent: 0
         if self.logit_bias:
             params["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         # native `options.stop_tokens`: ids end generation on that token (the engine's `stop_token_ids`);

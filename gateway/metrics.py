@@ -32,6 +32,10 @@ PROVISIONING = Counter("sie_gateway_provisioning_responses_total", "503 PROVISIO
 UPSTREAM_ERRORS = Counter("sie_gateway_upstream_errors_total", "Errors from Triton", ["code"])
 # every error a client sees, by its contract code: HTTP error responses and in-band stream error events
 ERRORS = Counter("sie_gateway_errors_total", "Errors answered to clients, by code", ["code", "status"])
+# 429s of the per-key limits (gateway/rate_limits.py) by tenant: a keyed hash of the tenant (never its name or key),
+# the first MAX_TENANT_LABELS a process sees and "other" past them, and the limit hit ("requests" or "tokens")
+RATE_LIMITED = Counter("sie_gateway_rate_limited_total", "429 answers of per-key limits, by tenant and limit",
+                       ["tenant", "limit"])
 
 
 def render_metrics() -> tuple[bytes, str]:

@@ -88,8 +88,8 @@ class ObserveRequests:
         REQUESTS.labels(endpoint=route, status=status, machine_profile=profile, model=model).inc()
         if status == 503 and resp.get_header("X-SIE-Error-Code") == "PROVISIONING":
             PROVISIONING.labels(machine_profile=profile).inc()
-        if _streams_body(req, resp):
-            resp.stream = _BodyEnd(resp.stream, lambda: _finish(req, route, profile, model, status))
+        if streams_body(req, resp):
+            resp.stream = BodyEnd(resp.stream, lambda: _finish(req, route, profile, model, status))
         else:
             _finish(req, route, profile, model, status)
 
@@ -104,7 +104,7 @@ def _finish(req, route: str, profile: str, model: str, status: int) -> None:
                                           "ms": round(elapsed * 1000, 3)})
 
 
-def _streams_body(req, resp) -> bool:
+def streams_body(req, resp) -> bool:
     """Whether Falcon will iterate `resp.stream` after the middleware (it ignores it when `data`, `text` or
     `media` is set, for HEAD and for bodiless statuses, and for SSE through `resp.sse`)."""
     return (hasattr(resp.stream, "__anext__") and resp.text is None and resp.data is None and resp.media is None
@@ -112,7 +112,7 @@ def _streams_body(req, resp) -> bool:
             and resp.status_code not in (204, 304))
 
 
-class _BodyEnd:
+class BodyEnd:
     """`resp.stream` seen through: calls `ended` once, when the body is over: its last chunk sent (the next
     `__anext__` ends it), or a failure, or Falcon's `close()` after the body (which it always calls, also when a
     send failed or the task was cancelled). `close()` first closes the wrapped generator, so its cleanup (the
@@ -124,7 +124,7 @@ class _BodyEnd:
         self._body = body
         self._ended: Callable[[], None] | None = ended
 
-    def __aiter__(self) -> _BodyEnd:
+    def __aiter__(self) -> BodyEnd:
         return self
 
     async def __anext__(self) -> bytes:
@@ -141,6 +141,9 @@ class _BodyEnd:
                 await aclose()
         finally:
             self._end()
+
+    # a BodyEnd may wrap another (admission's slot inside the request metrics): the outer one closes the inner
+    aclose = close
 
     def _end(self) -> None:
         ended, self._ended = self._ended, None

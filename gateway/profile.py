@@ -38,6 +38,8 @@ class ModelProfile:
     revision: str = field(default="", compare=False)
     # the model declares the `cache_salt` input (docs/triton-contract.md): it can keep tenants' prefix caches apart
     cache_salt_input: bool = False
+    # the model declares the `tenant` input: its engine can share capacity fairly between tenants
+    tenant_input: bool = False
 
     @property
     def sie_id(self) -> str:
@@ -65,6 +67,7 @@ class ModelProfile:
             default_top_p=_number(p.default_sampling.get("top_p")),
             revision=hashlib.sha256(json.dumps([triton_model, parameters], sort_keys=True).encode()).hexdigest(),
             cache_salt_input="cache_salt" in inputs,
+            tenant_input="tenant" in inputs,
         )
 
 

@@ -174,8 +174,11 @@ def _on_the_wire(req: GenerationRequest) -> GenerationRequest:
 
 def _scoped(req: GenerationRequest, hints: RoutingHints, endpoint: Endpoint, profile: ModelProfile
             ) -> GenerationRequest:
-    """The request with its tenant's prefix-cache salt, where the endpoint's model declares the `cache_salt` input
-    (a model that does not would refuse the request; its cache is then shared, docs/auth.md)."""
-    if hints.cache_salt is None or not endpoint.models.get(profile.name, profile).cache_salt_input:
+    """The request with its tenant's prefix-cache salt and fair-share tenant, each where the endpoint's model declares
+    the input (a model that does not would refuse the request; its cache and capacity are then shared, docs/auth.md)."""
+    served = endpoint.models.get(profile.name, profile)
+    if req.tenant is not None and not served.tenant_input:
+        req = dataclasses.replace(req, tenant=None)
+    if hints.cache_salt is None or not served.cache_salt_input:
         return req
     return dataclasses.replace(req, cache_salt=hints.cache_salt)

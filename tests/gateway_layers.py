@@ -15,7 +15,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      "stores of plain state; none of it knows HTTP, Triton or a request in flight",
      ("gateway", "gateway.settings", "gateway.domain", "gateway.errors", "gateway.metrics", "gateway.logs",
       "gateway.profile", "gateway.timeouts", "gateway.auth_tokens", "gateway.adapter_changes", "gateway.engine_gauges",
-      "gateway.responses_store")),
+      "gateway.responses_store", "gateway.key_settings", "gateway.rate_limits")),
     ("wire formats: request schemas, renderers, SSE framing and body decoding turn client bytes into domain types and "
      "back, with no I/O of their own",
      ("gateway.contracts", "gateway.render", "gateway.body", "gateway.msgpack_body", "gateway.stream_buffer",
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("one generation: route and open a stream, run it under its timeouts and the drain, fan out n>1 choices",
      ("gateway.session", "gateway.service", "gateway.fanout")),
     ("HTTP: resources per route, per-request middleware, the error envelope and the served ASGI entry",
-     ("gateway.resources", "gateway.middleware", "gateway.error_responses", "gateway.served")),
+     ("gateway.resources", "gateway.middleware", "gateway.admission", "gateway.error_responses", "gateway.served")),
     ("composition and process: the app factory wires everything below; the ASGI module and the worker start it",
      ("gateway.app", "gateway.asgi", "gateway.worker")),
 ]

@@ -29,7 +29,7 @@ from engine.request import EngineRequest, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.triton import lora_control
 from engine.triton.cancel_probe import CallStops, CancelProbe, ProbeRate
-from engine.triton.intake import SlowLane, checked_cache_salt
+from engine.triton.intake import SlowLane, checked_cache_salt, checked_priority, checked_tenant
 from engine.triton.metrics import EngineMetrics
 from engine.triton.outbox import coalesce
 from engine.triton.profile_config import cache_path, engine_config, engine_profile
@@ -181,6 +181,7 @@ class TritonPythonModel:
             params_dict = json.loads(raw) if raw else {}
         except json.JSONDecodeError:
             raise EngineError("invalid_request", "sampling_parameters is not JSON", "sampling_parameters") from None
+        priority = checked_priority(params_dict)  # taken out before SamplingParams, which refuses unknown keys
         params = SamplingParams.from_dict(params_dict, self.defaults)
         if self.template_kwargs:
             params.chat_template_kwargs = {**(params.chat_template_kwargs or {}), **self.template_kwargs}
@@ -193,6 +194,7 @@ class TritonPythonModel:
         reply.configure(_input_flags(request), text_input if messages is None else None)
         request_id, stream = request.request_id() or "", _input_bool(request, "stream")
         cache_salt = checked_cache_salt(_input_str(request, "cache_salt"))
+        tenant, tenant_weight = checked_tenant(_input_str(request, "tenant"))
         is_cancelled = CancelProbe(request.is_cancelled, self.cancel_rate)  # a server round trip: rate-limited
         if reply.call_id is not None:
             self.stops.add(reply.call_id, is_cancelled)
@@ -210,6 +212,9 @@ class TritonPythonModel:
                 grammar=self.engine.grammar_factory(params),
                 prompt_param="messages" if messages is not None else "prompt",
                 cache_salt=cache_salt,
+                priority=priority,
+                tenant=tenant,
+                tenant_weight=tenant_weight,
             )
 
         return build, bool(images) or params.grammar is not None or params.forces_tool_call

@@ -15,6 +15,7 @@ from gateway.contracts.common import (
     ContractModel,
     NonEmptyStr,
     Penalty,
+    Priority,
     Seed,
     Temperature,
     TopK,
@@ -104,11 +105,12 @@ class ChatCompletionRequest(ContractModel):
     response_format: ResponseFormat | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     include_reasoning: bool | None = None
-    user: str | None = None  # accepted and dropped (PII)
+    user: str | None = None  # never logged or sent on; with auth off, its keyed hash is the fair-share tenant
     safety_identifier: str | None = None  # accepted and dropped (PII)
     prompt_cache_key: str | None = None
     routing_key: str | None = None
     lora_adapter: NonEmptyStr | None = None
+    priority: Priority | None = None
 
     @model_validator(mode="after")
     def _cross_field(self) -> ChatCompletionRequest:
@@ -159,7 +161,7 @@ class ChatCompletionRequest(ContractModel):
             )
 
     def to_generation_request(self, default_max_tokens: int) -> GenerationRequest:
-        """The wire-neutral request (`user` and `safety_identifier` are dropped here)."""
+        """The wire-neutral request (`safety_identifier` is dropped here; `user` only names a fair-share tenant)."""
         defaulted = False
         if self.max_completion_tokens is not None:
             max_tokens, max_param = self.max_completion_tokens, "max_completion_tokens"
@@ -209,6 +211,8 @@ class ChatCompletionRequest(ContractModel):
             image_data_params=tuple(f"messages[{i}].content[{j}].image_url" for i, j, _ in images),
             routing_key=self.routing_key,
             prompt_cache_key=self.prompt_cache_key,
+            priority=self.priority or 0,
+            user=self.user,
         )
 
 

@@ -209,6 +209,9 @@ Seed = Annotated[
     WithJsonSchema({"type": "integer", "minimum": I64_MIN, "maximum": I64_MAX}),
 ]
 TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+# SIE extension, vLLM's meaning: lower runs earlier, 0 the default. The bound keeps it a small number the engine's
+# scheduler can sort on; a key may be held to a narrower range (gateway/key_settings.py)
+Priority = Annotated[int, Field(ge=-1000, le=1000)]
 
 
 def is_number(value: Any) -> bool:

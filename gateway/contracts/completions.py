@@ -21,6 +21,7 @@ from gateway.contracts.common import (
     ContractModel,
     NonEmptyStr,
     Penalty,
+    Priority,
     Seed,
     Temperature,
     TopK,
@@ -115,7 +116,7 @@ class CompletionRequest(ContractModel):
     frequency_penalty: Penalty | None = None
     logit_bias: Annotated[Any, AfterValidator(logit_bias_map), WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     seed: Seed | None = None
-    user: str | None = None  # accepted and dropped (PII)
+    user: str | None = None  # never logged or sent on; with auth off, its keyed hash is the fair-share tenant
     # SIE extensions, as on chat
     top_k: TopK | None = None
     min_tokens: Annotated[int, Field(ge=0, le=U32_MAX)] | None = None
@@ -123,6 +124,7 @@ class CompletionRequest(ContractModel):
     lora_adapter: NonEmptyStr | None = None
     prompt_cache_key: str | None = None
     routing_key: str | None = None
+    priority: Priority | None = None
     # vLLM's extension, on this route only: `vllm bench serve` sends it with its random dataset.
     ignore_eos: bool | None = None
 
@@ -155,7 +157,7 @@ class CompletionRequest(ContractModel):
             )
 
     def to_generation_request(self) -> GenerationRequest:
-        """The wire-neutral request for the first prompt (`user` is dropped here)."""
+        """The wire-neutral request for the first prompt (`user` only names a fair-share tenant)."""
         stream = bool(self.stream)
         usage = bool(self.stream_options and self.stream_options.include_usage)
         return GenerationRequest(
@@ -184,6 +186,8 @@ class CompletionRequest(ContractModel):
             ignore_eos=bool(self.ignore_eos),
             routing_key=self.routing_key,
             prompt_cache_key=self.prompt_cache_key,
+            priority=self.priority or 0,
+            user=self.user,
         )
 
 

@@ -20,6 +20,7 @@ from gateway.contracts.common import (
     ContractModel,
     NonEmptyStr,
     Penalty,
+    Priority,
     Seed,
     Temperature,
     TopK,
@@ -213,6 +214,7 @@ class GenerateRequest(ContractModel):
     stream: bool | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
+    priority: Priority | None = None  # SIE extension, as on the OpenAI routes
 
     @model_validator(mode="after")
     def _cross_field(self) -> GenerateRequest:
@@ -275,6 +277,7 @@ class GenerateRequest(ContractModel):
             routing_key=self.routing_key,
             prompt_cache_key=self.prompt_cache_key,
             options=self.options.forwarded() if self.options else None,
+            priority=self.priority or 0,
         )
 
 

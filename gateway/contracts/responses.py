@@ -16,6 +16,7 @@ from gateway.contracts.common import (
     UNSUPPORTED,
     ContractModel,
     NonEmptyStr,
+    Priority,
     Seed,
     TopK,
     TopLogprobs,
@@ -100,6 +101,7 @@ class ResponsesRequest(ContractModel):
     seed: Seed | None = None
     lora_adapter: NonEmptyStr | None = None
     routing_key: str | None = None
+    priority: Priority | None = None
 
     @model_validator(mode="after")
     def _cross_field(self) -> ResponsesRequest:
@@ -195,6 +197,8 @@ class ResponsesJob:
             image_data_params=tuple(r.parsed_input.image_data_params),
             routing_key=r.routing_key,
             prompt_cache_key=r.prompt_cache_key,
+            priority=r.priority or 0,
+            user=r.user,
         )
 
 

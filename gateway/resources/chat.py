@@ -6,6 +6,7 @@ import time
 
 import orjson
 
+from gateway.admission import admit
 from gateway.body import read_json_body
 from gateway.contracts.chat import parse_chat_request
 from gateway.metrics import TTFT
@@ -31,6 +32,7 @@ class ChatCompletionsResource:
         body = await read_json_body(req, self.settings.chat_body_limit, self.settings.body_read_timeout_s)
         greq = parse_chat_request(body, default_max_tokens=self.settings.default_max_tokens)
         greq, profile, machine_profile = await self.service.resolve(greq, forbid_remote=remote_forbidden(req))
+        greq = admit(req, greq)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id

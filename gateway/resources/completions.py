@@ -6,6 +6,7 @@ import time
 
 import orjson
 
+from gateway.admission import admit
 from gateway.body import read_json_body
 from gateway.contracts.completions import parse_completion_request
 from gateway.fanout import open_prompts
@@ -32,6 +33,7 @@ class CompletionsResource:
         body = await read_json_body(req, self.settings.chat_body_limit, self.settings.body_read_timeout_s)
         job = parse_completion_request(body)
         greq, profile, machine_profile = await self.service.resolve(job.request, forbid_remote=remote_forbidden(req))
+        greq = admit(req, greq, job.prompts)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id

@@ -8,6 +8,7 @@ import falcon
 import orjson
 
 from gateway import msgpack_body
+from gateway.admission import admit
 from gateway.body import read_json_body
 from gateway.contracts.generate import parse_generate_request
 from gateway.errors import InvalidRequest, WorkerError, quoted, worker_error
@@ -69,7 +70,7 @@ class GenerateResource:
         self.service.router.check_pool(hints)
         body = await read_json_body(req, self.settings.generate_body_limit, self.settings.body_read_timeout_s,
                                     msgpack_ok=True)
-        greq = self.service.apply_profile(parse_generate_request(body, model), profile)
+        greq = admit(req, self.service.apply_profile(parse_generate_request(body, model), profile))
         hints = with_affinity(hints, greq)
         request_id = req.context.request_id
         session = await collect_or_cancel(self.service.open(greq, profile, hints, request_id), req)

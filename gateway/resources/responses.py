@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from gateway.admission import admit
 from gateway.body import read_json_body
 from gateway.contracts.responses import ResponsesJob, check_reasoning_effort, parse_responses_request
 from gateway.errors import InvalidRequest, NotFound
@@ -51,6 +52,7 @@ class ResponsesResource:
         greq, profile, machine_profile = await self.service.resolve(job.generation_request(history),
                                                                   forbid_remote=remote_forbidden(req))
         check_reasoning_effort(request, profile)
+        greq = admit(req, greq)
         req.context.model = profile.name
         hints = routing_hints(req, greq, machine_profile)
         request_id = req.context.request_id

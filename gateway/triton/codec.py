@@ -56,6 +56,8 @@ def encode_request(triton_model: str, req: GenerationRequest, request_id: str,
         _bytes_tensor(request, "images", [img.data for img in req.images])
     if req.cache_salt is not None:
         _bytes_tensor(request, "cache_salt", [req.cache_salt.encode()])
+    if req.tenant is not None:
+        _bytes_tensor(request, "tenant", [orjson.dumps({"id": req.tenant, "weight": req.tenant_weight})])
     return request
 
 

@@ -93,7 +93,7 @@ class FakeTriton:
         self.down = False  # list_models fails like an unreachable Triton
         self.listed = 0  # list_models calls
         self.dead: set[str] = set()  # Triton models whose process is dead (probe answers False)
-        self.inputs = frozenset({"text_input", "messages", "sampling_parameters", "stream", "cache_salt"})
+        self.inputs = frozenset({"text_input", "messages", "sampling_parameters", "stream", "cache_salt", "tenant"})
         self.reloads: list[str] = []
         self.calls: list[Call] = []
         self.tokenizer_calls: list[TokenizerTask] = []

@@ -23,7 +23,7 @@ def _write(path, text: str) -> None:
 
 def test_parse_keys_file_reads_keys_tenants_and_comments():
     text = f"# keys\n\n{KEY_A}\nteam-b {KEY_B}   # the build bots\n  # indented comment\n"
-    assert parse_keys_file(text) == [(KEY_A, None), (KEY_B, "team-b")]
+    assert [(e.key, e.tenant) for e in parse_keys_file(text)] == [(KEY_A, None), (KEY_B, "team-b")]
 
 
 @pytest.mark.parametrize("line", ["team a key", "team/a key", "-team key", "a" * 65 + " key"])

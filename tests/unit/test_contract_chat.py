@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 import pytest
@@ -544,9 +545,12 @@ def test_response_format_grammar(response_format: dict[str, Any], grammar: Any) 
 
 
 def test_user_and_safety_identifier_are_dropped() -> None:
+    """`user` only reaches admission (with auth off it names the fair-share tenant, as a keyed hash): never the wire,
+    never a repr."""
     req = parse(user="alice@example.com", safety_identifier="sid-42")
-    assert req == parse()
+    assert dataclasses.replace(req, user=None) == parse()
     assert "alice" not in repr(req) and "sid-42" not in repr(req)
+    assert "alice" not in str(req.sampling_parameters())
 
 
 def test_sampler_fields_and_hints_are_carried() -> None:

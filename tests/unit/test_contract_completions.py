@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -195,8 +196,10 @@ def test_vllm_bench_serve_body() -> None:
 
 
 def test_user_is_dropped() -> None:
+    """`user` only reaches admission (a fair-share tenant with auth off): never the wire, never a repr."""
     req = parse(user="alice@example.com")
-    assert req == parse() and "alice" not in repr(req)
+    assert dataclasses.replace(req, user=None) == parse() and "alice" not in repr(req)
+    assert "alice" not in str(req.sampling_parameters())
 
 
 def test_sampler_fields_and_hints_are_carried() -> None:
