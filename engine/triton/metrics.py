@@ -176,6 +176,8 @@ class EngineMetrics:
         self._finished.clear()
         self._histograms.clear()
         self._step_seconds.clear()
+        self._by_cause.clear()
+        self._bands.clear()
         self._steps = None
         self._lora_info = None
         self._cache_info = None

@@ -32,7 +32,7 @@ def models(tmp_path_factory):
 
 
 def _greedy(path) -> list[list[int]]:
-    engine = LLMEngine(EngineConfig(str(path), max_slots=2, max_len=64, prefill_budget=16, threads=2,
+    engine = LLMEngine(EngineConfig(str(path), max_slots=2, max_len=64, max_num_batched_tokens=16, threads=2,
                                     prefix_cache_tokens=0))
     run = Run(engine.core)
     for i, prompt in enumerate(PROMPTS):
