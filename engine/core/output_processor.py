@@ -9,7 +9,7 @@ so the scheduler can drop its KV reservation. Whether a candidate stopped is `ch
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from engine.core.sequence import Sequence, SequenceGroup
@@ -20,6 +20,19 @@ from engine.request import RequestOutput
 from engine.text.token_text import TokenText
 
 Postprocess = Callable[[Sequence], dict[str, Any]]
+# a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
+# gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
+PREEMPTED_HEARTBEAT_S = 10.0
+
+
+def send_heartbeats(seqs: Iterable[Sequence], now: float) -> None:
+    """An empty output for each streamed request among `seqs` with a candidate that waits to be computed again
+    after a preemption, when it has sent nothing for PREEMPTED_HEARTBEAT_S: the client's stream only pauses."""
+    behind = [seq for seq in seqs if seq.output_ids and seq.num_computed < seq.num_tokens - 1]
+    for group in {id(seq.group): seq.group for seq in behind}.values():
+        last = group.last_output_at
+        if group.request.stream and not group.sent_final and last is not None and now - last >= PREEMPTED_HEARTBEAT_S:
+            group.emit(RequestOutput("", 0, "", progress=True))
 
 
 class OutputStage:

@@ -1,19 +1,17 @@
 """The scheduler: which sequences compute which tokens in the next step, and the requests' lifecycle.
 
 One number per sequence says where it stands, as in vLLM v1: its computed tokens (`Sequence.num_computed`). Each
-step has one token budget, decode rows included (vLLM's `max_num_batched_tokens`). `schedule()` gives every
-running sequence its next tokens, oldest first: a decode row its last token, a prompt the next chunk of its
-tokens. Each one gets its KV room from one call (engine.core.kv_manager `allocate`); when the blocks run out, the
-newest running sequence is preempted: its blocks are freed and stay keyed in the prefix cache, its computed count
-goes back to 0, and it waits at the front of the queue. Then, if nobody had to give way, waiting sequences are
-admitted from the head of the queue (engine.core.waiting_queue) while the budget, the rows and the blocks last,
-each starting from its cached prefix. A preempted candidate comes back the same way as a new prompt: its prompt and
-every token it has streamed are its tokens, mostly found in the prefix cache, and its span samples the next one.
-It keeps its generator, grammar state and detokenizer, and under our kernels a prefill computes the bits the
-decode steps did, so its tokens are the ones it would have had and nothing is sent twice.
+step has one token budget, decode rows included (vLLM's `max_num_batched_tokens`). `schedule()` gives every running
+sequence its next tokens in the waiting policy's rank order (engine.core.waiting_queue; arrival under fcfs): a
+decode row its last token, a prompt its next chunk, each with its KV room from one call (engine.core.kv_manager
+`allocate`). When the blocks run out the last in that order is preempted: its blocks are freed and stay keyed in the
+prefix cache, its count goes back to 0, and it waits in its place in the queue. Then, unless the blocks ran short,
+waiting sequences are admitted from the head of the queue while the budget, the rows and the blocks last, each from
+its cached prefix. A preempted candidate comes back as a prompt does: its prompt and every token it has streamed
+are its tokens, mostly cached, and its last span samples its next token. It keeps its generator, grammar state and
+detokenizer, and under our kernels a prefill computes the bits the decode steps did: the same tokens, none twice.
 
-`complete()` runs after the forward: the computed counts move on, and a finished prompt forks its n/best_of
-candidates. The scheduler never runs a forward: that is engine.core.engine_core's step.
+`complete()` runs after the forward: the counts move on and a finished prompt forks its n/best_of candidates.
 """
 
 from __future__ import annotations
@@ -29,22 +27,19 @@ from engine.core.admission import check_kv_room, check_request
 from engine.core.fair_share import FairQueue
 from engine.core.invariants import check_invariants
 from engine.core.kv_manager import BLOCK_TOKENS, KVManager
+from engine.core.output_processor import send_heartbeats
 from engine.core.sequence import Sequence, SequenceGroup, candidate_generator
 from engine.core.stats import EngineStats
 from engine.core.step_plan import PlannedSpan, StepBuilder, StepPlan
 from engine.core.waiting_queue import FcfsQueue, PriorityQueue, WaitingPolicy
 from engine.errors import EngineError
-from engine.request import EngineRequest, RequestOutput
+from engine.request import EngineRequest
 from engine.runner.model_runner import ModelRunner
 from engine.sampling.penalty_counts import PenaltyCounts
 
 log = logging.getLogger(__name__)
 
 POLICIES: dict[str, type[WaitingPolicy]] = {"fcfs": FcfsQueue, "priority": PriorityQueue, "fair": FairQueue}
-
-# a streamed request whose candidates wait preempted sends an empty output this often: it is alive, so the
-# gateway's inter-chunk timeout (60 s by default) does not cut a stream that is only waiting for KV room
-PREEMPTED_HEARTBEAT_S = 10.0
 
 
 def _seats(seq: Sequence) -> int:
@@ -210,7 +205,7 @@ class Scheduler:
         return self.kv.fits(seq, end, hits, self._fork_reserve(seq, end), self.kv.watermark)
 
     def _schedule_running(self, step: StepBuilder) -> None:
-        """Every running sequence's next tokens, oldest first; while the blocks run out, the newest gives way."""
+        """Every running sequence's next tokens, in rank order; while the blocks run out, the last gives way."""
         index = 0
         while index < len(self.running) and step.budget > 0:
             seq = self.running[index]
@@ -327,7 +322,7 @@ class Scheduler:
     def end_step(self) -> None:
         self.stats.running = len({id(seq.group) for seq in self.running})
         self.stats.kv_used = self.kv.pool.used
-        self._heartbeat_preempted()
+        send_heartbeats(itertools.chain(self.waiting, self.running), self.clock())
         if self.publish_kv_events is not None and self.prefix_cache is not None and self.prefix_cache.events:
             self.publish_kv_events(self.prefix_cache.events)
             self.prefix_cache.events = []
@@ -338,15 +333,3 @@ class Scheduler:
         self.stats.count_bands(self.running, self.waiting)
         if self.check_invariants:
             check_invariants(self.running, self.waiting, self.requests, self.kv)
-
-    def _heartbeat_preempted(self) -> None:
-        """An empty output for each streamed request whose candidates all wait to be computed again after a
-        preemption and that has sent nothing for PREEMPTED_HEARTBEAT_S: the client's stream only pauses."""
-        behind = [seq for seq in itertools.chain(self.waiting, self.running)
-                  if seq.output_ids and seq.num_computed < seq.num_tokens - 1]
-        now = self.clock()
-        for group in {id(seq.group): seq.group for seq in behind}.values():
-            last = group.last_output_at
-            if group.request.stream and not group.sent_final and last is not None \
-                    and now - last >= PREEMPTED_HEARTBEAT_S:
-                group.emit(RequestOutput("", 0, "", progress=True))

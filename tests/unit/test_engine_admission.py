@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine.core.kv_manager import BLOCK_TOKENS
-from engine.core.scheduler import PREEMPTED_HEARTBEAT_S
+from engine.core.output_processor import PREEMPTED_HEARTBEAT_S
 from engine.core.sequence import Sequence
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
