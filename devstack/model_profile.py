@@ -143,15 +143,16 @@ def _gpu_total_bytes() -> int | None:
 
 
 def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_path: str | None = None,
-           kv_memory_bytes: int | None = None) -> Profile:
-    """The profile of the model in `folder`, served on `kind` ("cpu": fp32, "gpu": bf16)."""
+           kv_memory_bytes: int | None = None, kv_cache_dtype: str = "auto") -> Profile:
+    """The profile of the model in `folder`, served on `kind` ("cpu": fp32, "gpu": bf16), its K/V stored as
+    `kv_cache_dtype` says (`bfloat16`: 2 bytes a value on either kind, so the budget holds more tokens)."""
     folder = folder.resolve()
     config = _read_json(folder / "config.json")
     if not config:
         raise ValueError(f"{folder} has no config.json: not a Hugging Face model folder")
     served = served_name(folder, config, name)
     notes = []
-    dtype_bytes = 4 if kind == "cpu" else 2
+    dtype_bytes = 4 if kind == "cpu" and kv_cache_dtype == "auto" else 2
     per_token = kv_bytes_per_token(config, dtype_bytes)
     kv_memory = kv_memory_bytes or available_kv_memory(kind, weight_bytes(folder))
     memory_tokens = max(256, kv_memory // per_token // 16 * 16)
@@ -196,4 +197,6 @@ def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_pa
         "lora_paths": "{}",
         "default_sampling": json.dumps(default_sampling(folder)),
     }
+    if kv_cache_dtype != "auto":
+        parameters["kv_cache_dtype"] = kv_cache_dtype
     return Profile(served, parameters, notes)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention import bf16_supported, chunk_attention, decode_attention, native_supported
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import KVCache, kv_dtype_for
 from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
@@ -101,11 +101,13 @@ class Decoder:
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
 
-    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None) -> KVCache:
+    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None, kv_dtype: str = "auto"
+                  ) -> KVCache:
         """A zeroed KV cache shaped for this model: `slots` rows of up to `max_len` positions, in a pool of
-        `num_blocks` blocks (None: enough for every slot's whole context)."""
+        `num_blocks` blocks (None: enough for every slot's whole context), K/V stored as `kv_dtype` says (the
+        profile's `kv_cache_dtype`; our kernels and the SDPA paths read either)."""
         return KVCache(len(self.layers), slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device,
-                       num_blocks)
+                       num_blocks, storage=kv_dtype_for(kv_dtype, self.dtype))
 
     def lora_batch(self, adapters: AdapterTable, token_adapters: list[str | None]) -> LoraBatch:
         """One forward's LoRA rows: `token_adapters` has an entry per row of its activations."""

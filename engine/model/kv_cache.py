@@ -18,6 +18,11 @@ positions are written.
 
 On the host the pool is one zeroed allocation whose pages are committed only where blocks are written, and the
 block pool reuses the most recently freed blocks first, so resident memory follows the peak of blocks in use.
+
+The pool's dtype (the profile's `kv_cache_dtype`) may be narrower than the activations': `auto` stores them as they
+are, `bfloat16` stores K/V in bf16, half the bytes a token, so the same KV memory holds twice the positions. Values
+are rounded once, as they are written (`write`; our decode kernels round the same way), and widened where they are
+read (our kernels in registers, `gather` for the SDPA paths), so the math stays in the activations' dtype.
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ import numpy as np
 import torch
 
 NULL_BLOCK = 0
+
+# profile name -> the pool's dtype (None: the activations')
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "bfloat16": torch.bfloat16}
+
+
+def kv_dtype_for(name: str, activations: torch.dtype) -> torch.dtype:
+    """The pool's dtype for a profile's `kv_cache_dtype` and the activations' dtype. A pool is never wider than the
+    activations it holds: `bfloat16` under bf16 activations is `auto`."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {name!r}")
+    chosen = KV_CACHE_DTYPES[name]
+    return activations if chosen is None or chosen.itemsize >= activations.itemsize else chosen
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -58,8 +75,9 @@ def free_memory(device: torch.device) -> int:
 
 def kv_tokens_for(memory: int | float, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                   device: torch.device) -> int:
-    """The positions `memory` holds: bytes (an int), or a fraction (a float) of what the device has free now, as
-    vLLM's `gpu_memory_utilization` and `VLLM_CPU_KVCACHE_SPACE` size its KV cache."""
+    """The positions `memory` holds with K/V stored in `dtype` (the pool's, `kv_dtype_for`): bytes (an int), or a
+    fraction (a float) of what the device has free now, as vLLM's `gpu_memory_utilization` and
+    `VLLM_CPU_KVCACHE_SPACE` size its KV cache."""
     per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
     size = int(free_memory(device) * memory) if isinstance(memory, float) else memory
     tokens = size // per_token
@@ -70,9 +88,12 @@ def kv_tokens_for(memory: int | float, layers: int, kv_heads: int, head_dim: int
 
 class KVCache:
     def __init__(self, layers: int, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype, device,
-                 num_blocks: int | None = None, block_size: int = 16) -> None:
-        """`num_blocks`: the pool's blocks, the null block included (None: enough for every slot's whole
+                 num_blocks: int | None = None, block_size: int = 16, storage: torch.dtype | None = None) -> None:
+        """`dtype`: the activations' (what `write` takes and `gather` returns); `storage`: the pool's (None: the
+        same). `num_blocks`: the pool's blocks, the null block included (None: enough for every slot's whole
         context)."""
+        self.dtype = dtype
+        self.storage = storage or dtype
         self.block_size = block_size
         self.slots = slots
         self.max_len = max_len
@@ -83,8 +104,8 @@ class KVCache:
         # consecutive blocks are then consecutive in memory, so where a sequence's table holds a run of them (a
         # prompt's blocks are taken in one go) the kernels read its keys and values as one span
         shape = (layers, kv_heads, self.num_blocks, block_size, head_dim)
-        self.k = zeroed(shape, dtype, device).transpose(1, 2)
-        self.v = zeroed(shape, dtype, device).transpose(1, 2)
+        self.k = zeroed(shape, self.storage, device).transpose(1, 2)
+        self.v = zeroed(shape, self.storage, device).transpose(1, 2)
         self.device = self.k.device
         self._host = self.device.type == "cpu"
         # the tables live on the host, where the scheduler writes them (through `rows`, a numpy view: an element
@@ -133,19 +154,21 @@ class KVCache:
 
     def write(self, layer: int, block: torch.Tensor, offset: torch.Tensor, k: torch.Tensor, v: torch.Tensor
               ) -> None:
-        """k, v [N, kv_heads, D] into the layer's pool at (block, offset) [N] (no host sync: graph-capturable)."""
-        self.k[layer][block, :, offset] = k
-        self.v[layer][block, :, offset] = v
+        """k, v [N, kv_heads, D] into the layer's pool at (block, offset) [N] (no host sync: graph-capturable),
+        rounded to the pool's dtype (nearest even, as our decode kernels round what they write)."""
+        self.k[layer][block, :, offset] = k.to(self.storage)
+        self.v[layer][block, :, offset] = v.to(self.storage)
 
     def gather(self, layer: int, tables: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions 0..span-1 of each table's sequence, as contiguous rows: tables [R, >= blocks(span)] ->
-        k, v [R, kv_heads, span, D]. For the SDPA paths; our kernels read the blocks in place."""
+        """Positions 0..span-1 of each table's sequence, as contiguous rows in the activations' dtype: tables
+        [R, >= blocks(span)] -> k, v [R, kv_heads, span, D]. For the SDPA paths; our kernels read the blocks in
+        place."""
         count = blocks_for(span, self.block_size)
         index = tables[:, :count]
         out = []
         for pool in (self.k[layer], self.v[layer]):
             blocks = pool[index]  # [R, count, Hkv, B, D]
-            out.append(blocks.transpose(1, 2).flatten(2, 3)[:, :, :span])
+            out.append(blocks.transpose(1, 2).flatten(2, 3)[:, :, :span].to(self.dtype))
         return out[0], out[1]
 
     def copy_block(self, src: int, dst: int) -> None:

@@ -1,12 +1,14 @@
 // Causal attention with bf16 products, for the bf16 profile's mixed mode on CPUs with AVX512_BF16, where the
-// activations and the KV cache stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a
-// prefill chunk, a decode step), the same arguments (a layer's paged KV pools [num_blocks, Hkv, B, D] and block
-// tables), fp32 in and out. The products run on AMX tiles where the CPU has AMX, on vdpbf16ps otherwise
+// activations stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a prefill chunk, a
+// decode step), the same arguments (a layer's paged KV pools [num_blocks, Hkv, B, D], fp32 or bf16, and block
+// tables), fp32 in and out. A bf16 pool's keys and values go into the products as they are; an fp32 pool's are
+// rounded to bf16 as they are read, the same nearest-even rounding a bf16 pool's write applies, so a bf16 pool
+// costs this mode no accuracy (subnormal values aside, which the two conversions may treat apart). The products run on AMX tiles where the CPU has AMX, on vdpbf16ps otherwise
 // (attention_bf16_products.h).
 //
 // Why: in a bf16 prefill the linears run at bf16's rate and the fp32 attention kernel became half the time (330 of
 // 620 ms on a 1.5k-token prompt, 2-core Xeon; 530 of 1,600 ms on the AVX-512 EPYC). Here Q.K^T and P.V multiply
-// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from the fp32 pool, and P,
+// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from an fp32 pool, and P,
 // an fp32 softmax's exps, is rounded before it multiplies V; every product adds into fp32.
 //
 // The guarantees of causal_attention.cpp hold: a query's output depends only on its own q and keys 0..its position,
@@ -53,12 +55,19 @@ enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenom
 // 16 fp32 -> 16 bf16 (nearest even)
 SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
+// 16 pool elements as bf16: fp32 rounded (nearest even), or a bf16 pool's own bits
+SIE_AMX inline __m256i row_bf16(const float* src) { return to_bf16(_mm512_loadu_ps(src)); }
+SIE_AMX inline __m256i row_bf16(const uint16_t* src) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+}
+
 // Keys first..end-1 of one head (first a multiple of 16; those from `keys` on zero) as Q.K^T's B tiles:
 // [(end - first) / 16][D / 2][16] dwords, dword (i, j) of a 16-key group the bf16 pair (k[j][2i], k[j][2i + 1]).
-SIE_AMX void pack_keys(const PagedRows& k, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
+template <class T>
+SIE_AMX void pack_keys(const PagedRowsOf<T>& k, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
   alignas(64) uint32_t rows[16 * 128];  // 16 keys x D / 2 pairs (D <= 256)
   for (int64_t group = first; group < end; group += 16) {
-    const float* src = group < keys ? k.row(group) : nullptr;  // the group's rows, in one pool block
+    const T* src = group < keys ? k.row(group) : nullptr;  // the group's rows, in one pool block
     for (int64_t j = 0; j < 16; ++j) {
       uint32_t* row = rows + j * (D / 2);
       if (group + j >= keys) {
@@ -66,8 +75,7 @@ SIE_AMX void pack_keys(const PagedRows& k, int64_t first, int64_t keys, int64_t 
         continue;
       }
       for (int64_t d = 0; d < D; d += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2),
-                            to_bf16(_mm512_loadu_ps(src + j * k.pos_stride + d)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2), row_bf16(src + j * k.pos_stride + d));
     }
     uint32_t* out = dst + (group - first) * (D / 2);
     for (int64_t i = 0; i < D / 2; i += 16)  // dwords move as floats: the transpose only shuffles bits
@@ -79,16 +87,18 @@ SIE_AMX void pack_keys(const PagedRows& k, int64_t first, int64_t keys, int64_t 
 // [(end - first) / 32][D / 16][16][16] dwords, dword (p, c) of a 32-key block and 16-column group the bf16 pair
 // (v[2p][c], v[2p + 1][c]); zero keys up to end (P is zero there, and zero times the pool's stale values could be a
 // NaN). A pair lies in one 16-key group; a block's two groups are looked up apart (with B = 16, two pool blocks).
-SIE_AMX void pack_values(const PagedRows& v, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
+template <class T>
+SIE_AMX void pack_values(const PagedRowsOf<T>& v, int64_t first, int64_t keys, int64_t end, int64_t D,
+                         uint32_t* dst) {
   for (int64_t block = first; block < end; block += kKeyBlock) {
-    const float* groups[2] = {block < keys ? v.row(block) : nullptr, block + 16 < keys ? v.row(block + 16) : nullptr};
+    const T* groups[2] = {block < keys ? v.row(block) : nullptr, block + 16 < keys ? v.row(block + 16) : nullptr};
     const auto row = [&](int64_t key) { return groups[(key - block) / 16] + (key - block) % 16 * v.pos_stride; };
     for (int64_t c = 0; c < D; c += 16) {
       uint32_t* tile = dst + ((block - first) / kKeyBlock * (D / 16) + c / 16) * 256;
       for (int64_t p = 0; p < 16; ++p) {
         const int64_t even = block + 2 * p, odd = even + 1;
-        const __m256i e = even < keys ? to_bf16(_mm512_loadu_ps(row(even) + c)) : _mm256_setzero_si256();
-        const __m256i o = odd < keys ? to_bf16(_mm512_loadu_ps(row(odd) + c)) : _mm256_setzero_si256();
+        const __m256i e = even < keys ? row_bf16(row(even) + c) : _mm256_setzero_si256();
+        const __m256i o = odd < keys ? row_bf16(row(odd) + c) : _mm256_setzero_si256();
         const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(e), _mm512_slli_epi32(_mm512_cvtepu16_epi32(o), 16));
         _mm512_storeu_si512(tile + p * 16, pair);
       }
@@ -188,6 +198,23 @@ void check_common(const at::Tensor& q, int64_t D) {
   TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_bf16: head_dim a multiple of 32, at most 256");
 }
 
+// Every KV head's keys 0..keys-1 and values packed (pack_keys, pack_values), in 32-key blocks across both cores
+template <class T>
+void pack_heads(const at::Tensor& k, const at::Tensor& v, const at::Tensor& entries, int64_t keys, int64_t keys_pad,
+                uint32_t* kt, uint32_t* vt) {
+  const int64_t hkv = k.size(1), D = k.size(3), block = k.size(2), blocks = keys_pad / kKeyBlock;
+  const PagedRowsOf<T> k_rows{pool_data<T>(k), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
+  const PagedRowsOf<T> v_rows{pool_data<T>(v), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)};
+  at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, end = first + kKeyBlock;
+      const int64_t offset = g * keys_pad * D / 2 + first * D / 2;
+      pack_keys(k_rows.head(g * k.stride(1)), first, keys, end, D, kt + offset);
+      pack_values(v_rows.head(g * v.stride(1)), first, keys, end, D, vt + offset);
+    }
+  });
+}
+
 // causal_attention.cpp's causal_attention with bf16 products: q [n, Hq, D] for positions start..start+n-1, k and
 // v the layer's pools [num_blocks, Hkv, B, D] (the chunk's own keys written), `table` the sequence's block table
 // (int64, covering keys 0..start+n-1) -> [n, Hq, D].
@@ -209,20 +236,13 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   if (n == 0) return out;
   const int64_t keys_pad = round_up(keys, kKeyBlock), group = hq / hkv;
   const bool amx = has_amx();
-  const PagedRows k_rows{k.data_ptr<float>(), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
-  const PagedRows v_rows{v.data_ptr<float>(), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)};
   // every KV head's keys and values packed once, in 32-key blocks across both cores
   uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, hkv * keys_pad * D / 2);
   uint32_t* vt = scratch<uint32_t>(Scratch::kValues, hkv * keys_pad * D / 2);
-  const int64_t blocks = keys_pad / kKeyBlock;
-  at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, end = first + kKeyBlock;
-      const int64_t offset = g * keys_pad * D / 2 + first * D / 2;
-      pack_keys(k_rows.head(g * k.stride(1)), first, keys, end, D, kt + offset);
-      pack_values(v_rows.head(g * v.stride(1)), first, keys, end, D, vt + offset);
-    }
-  });
+  if (k.scalar_type() == at::kBFloat16)
+    pack_heads<uint16_t>(k, v, entries, keys, keys_pad, kt, vt);
+  else
+    pack_heads<float>(k, v, entries, keys, keys_pad, kt, vt);
   const int64_t block_positions = std::max<int64_t>(1, kBlockRows / group);
   const int64_t q_blocks = (n + block_positions - 1) / block_positions;
   const float* qp = q.data_ptr<float>();
@@ -247,6 +267,42 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
     if (amx) release_tiles();
   });
   return out;
+}
+
+// decode_attention_bf16's work over pools of T, once the arguments are checked. A bf16 pool's new key and value are
+// rounded as they are written, as a prefill's write through torch rounds them (paged_rows.h).
+template <class T>
+void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                const at::Tensor& v_cache, const at::Tensor& tab, const int64_t* pp, double scale, at::Tensor& out) {
+  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
+  const int64_t group = hq / hkv, rows = round_up(group, 16);
+  const bool amx = has_amx();
+  T* kc = pool_data<T>(k_cache);
+  T* vc = pool_data<T>(v_cache);
+  const int64_t* tp = tab.data_ptr<int64_t>();
+  shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
+    if (amx) load_tile_config();
+    for (int64_t w = lo; w < hi; ++w) {
+      const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
+      const int64_t* table = tp + row * tab.stride(0);  // k_cache and v_cache share their strides
+      const PagedRowsOf<T> kh{kc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
+      const PagedRowsOf<T> vh{vc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
+      kv_write_row(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
+      kv_write_row(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
+      uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
+      uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
+      pack_keys(kh, 0, keys, key_end, D, kt);
+      pack_values(vh, 0, keys, key_end, D, vt);
+      uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
+      for (int64_t r = 0; r < group; ++r)
+        pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
+                   qs + r * D);
+      std::fill(qs + group * D, qs + rows * D, uint16_t(0));
+      attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
+                  hq * D, amx);
+    }
+    if (amx) release_tiles();
+  });
 }
 
 // causal_attention.cpp's decode_attention with bf16 products: q [rows, Hq, D], the new k and v [rows, Hkv, D], the
@@ -280,33 +336,10 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   }
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
-  const int64_t group = hq / hkv, rows = round_up(group, 16);
-  const bool amx = has_amx();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
-    if (amx) load_tile_config();
-    for (int64_t w = lo; w < hi; ++w) {
-      const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
-      const int64_t* table = tp + row * tab.stride(0);  // k_cache and v_cache share their strides
-      const PagedRows kh{kc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
-      const PagedRows vh{vc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
-      std::copy_n(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
-      std::copy_n(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
-      uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
-      uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
-      pack_keys(kh, 0, keys, key_end, D, kt);
-      pack_values(vh, 0, keys, key_end, D, vt);
-      uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
-      for (int64_t r = 0; r < group; ++r)
-        pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
-                   qs + r * D);
-      std::fill(qs + group * D, qs + rows * D, uint16_t(0));
-      attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
-                  hq * D, amx);
-    }
-    if (amx) release_tiles();
-  });
+  if (k_cache.scalar_type() == at::kBFloat16)
+    run_decode<uint16_t>(q, k, v, k_cache, v_cache, tab, pp, scale, out);
+  else
+    run_decode<float>(q, k, v, k_cache, v_cache, tab, pp, scale, out);
   return out;
 }
 

@@ -15,6 +15,10 @@
 // over each row's whole key range (the row fits in L2 up to tens of thousands of keys), with a vectorised exp.
 // Decode transposes 64-key tiles on the fly and runs the same blocks.
 //
+// The pools hold fp32 or bf16 (the profile's kv_cache_dtype: half the bytes a token, and half the K/V reads that
+// pace a long decode). A bf16 key or value is widened to fp32 as it is loaded (in registers, exact) and everything
+// after that is the fp32 kernel's math, so bf16 K/V give the bits fp32 K/V holding the same rounded values give.
+//
 // A query's output depends only on its own q and keys 0..its position, computed in a fixed order from key 0:
 // scores in d order, the max exact, the denominator in 16 fixed lanes, the output in key order (keys past the
 // position add exact zeros). So a prefix-cache hit gives the same bits as a miss, a prompt gives the same bits
@@ -41,22 +45,25 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 constexpr int64_t kValueKeys = 128;  // rows of V per span of the prefill's P.V (attend_block), at most
 
+// T: the pools' element, fp32 or bf16's bits (paged_rows.h)
+template <class T>
 struct Args {
   const float* q;        // [n, Hq, D] rows q_row_stride apart, heads contiguous
   const float* kt;       // [Hkv, keys_padded / 64, D, 64]: the keys transposed in blocks of 64, zero past the last
-  PagedRows v;           // the sequence's values of KV head 0; head g kv_head_stride floats on
+  PagedRowsOf<T> v;      // the sequence's values of KV head 0; head g kv_head_stride elements on
   float* out;            // [n, Hq, D]
   int64_t n, start, group, head_dim, block_positions, keys_padded;
   int64_t q_row_stride, kv_head_stride, out_row_stride;
   float scale;
 };
 
+template <class T>
 struct DecodeArgs {
   const float* q;        // [rows, Hq, D]: one query row per sequence
   const float* k_new;    // [rows, Hkv, D]: each row's new key and value, written at its position first
   const float* v_new;
-  float* k_cache;        // the layer's pools [num_blocks, Hkv, B, D], the strides below for both
-  float* v_cache;
+  T* k_cache;            // the layer's pools [num_blocks, Hkv, B, D], the strides below for both
+  T* v_cache;
   const int64_t* tables;     // row b's block table at tables + b * table_stride
   const int64_t* positions;  // [rows]
   float* out;            // [rows, Hq, D]
@@ -66,7 +73,7 @@ struct DecodeArgs {
   float scale;
 
   // row b's keys or values of KV head g in `pool` (k_cache or v_cache)
-  PagedRows rows(float* pool, int64_t b, int64_t g) const {
+  PagedRowsOf<T> rows(T* pool, int64_t b, int64_t g) const {
     return {pool + g * head_stride, tables + b * table_stride, block, block_stride, pos_stride};
   }
 };
@@ -82,26 +89,28 @@ constexpr int64_t kBlockRows = 48;  // query rows (position x head of the group)
 enum class Scratch { kKeys, kQueries, kScores, kOutputs, kCount };
 
 // Each KV head's keys 0..keys-1 transposed once, in blocks of 64 keys: kt [Hkv, keys_padded / 64, D, 64], zero past
-// the last key; 16 x 16 blocks in registers, each 16-key group read from its one pool block.
-void transpose_keys(const PagedRows& k, int64_t head_stride, int64_t hkv, int64_t keys, int64_t keys_padded,
+// the last key; 16 x 16 blocks in registers, each 16-key group read from its one pool block (bf16 widened as it
+// is read).
+template <class T>
+void transpose_keys(const PagedRowsOf<T>& k, int64_t head_stride, int64_t hkv, int64_t keys, int64_t keys_padded,
                     int64_t D, bool wide, float* kt) {
   const int64_t key_blocks = keys_padded / 64, ld = k.pos_stride;
   at::parallel_for(0, hkv * key_blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      const PagedRows head = k.head(i / key_blocks * head_stride);
+      const PagedRowsOf<T> head = k.head(i / key_blocks * head_stride);
       const int64_t first = i % key_blocks * 64, valid = std::min<int64_t>(64, keys - first);
       float* dst = kt + i * D * 64;  // [D, 64]
       for (int64_t d = 0; d < D; d += 16) {
         int64_t key = 0;
         for (; key + 16 <= valid; key += 16) {
-          const float* src = head.row(first + key) + d;
+          const T* src = head.row(first + key) + d;
           if (wide)
             avx512::transpose16x16(src, ld, dst + d * 64 + key, 64);
           else
             avx2::transpose16x16(src, ld, dst + d * 64 + key, 64);
         }
         for (int64_t dd = d; dd < d + 16; ++dd) {
-          for (int64_t kk = key; kk < valid; ++kk) dst[dd * 64 + kk] = head.row(first + kk)[dd];
+          for (int64_t kk = key; kk < valid; ++kk) dst[dd * 64 + kk] = kv_float(head.row(first + kk)[dd]);
           std::fill(dst + dd * 64 + valid, dst + dd * 64 + 64, 0.0f);
         }
       }
@@ -109,9 +118,17 @@ void transpose_keys(const PagedRows& k, int64_t head_stride, int64_t hkv, int64_
   });
 }
 
+template <class T>
+void run_causal(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& entries,
+                int64_t start, double scale, bool wide, at::Tensor& out);
+template <class T>
+void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                const at::Tensor& v_cache, const at::Tensor& tab, const int64_t* pp, int64_t longest, double scale,
+                bool wide, at::Tensor& out);
+
 // q [n, Hq, D] (head and feature strides contiguous; D a multiple of 64, the output blocks' width), k and v the
-// layer's pools [num_blocks, Hkv, B, D], `table` the sequence's block table (int64, covering keys 0..start+n-1)
-// -> [n, Hq, D].
+// layer's pools [num_blocks, Hkv, B, D] (fp32 or bf16), `table` the sequence's block table (int64, covering keys
+// 0..start+n-1) -> [n, Hq, D].
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                             int64_t start, double scale, bool avx2) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
@@ -129,15 +146,27 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   check_entries("causal_attention", entries.data_ptr<int64_t>(), used, k.size(0));
   at::Tensor out = at::empty({n, hq, D}, q.options());
   if (n == 0) return out;
-  const int64_t keys_padded = round_up(keys, 64);
   const bool wide = has_avx512() && !avx2;
-  const PagedRows k_rows{k.data_ptr<float>(), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
+  if (k.scalar_type() == at::kBFloat16)
+    run_causal<uint16_t>(q, k, v, entries, start, scale, wide, out);
+  else
+    run_causal<float>(q, k, v, entries, start, scale, wide, out);
+  return out;
+}
+
+// causal_attention's work over pools of T, once the arguments are checked
+template <class T>
+void run_causal(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& entries,
+                int64_t start, double scale, bool wide, at::Tensor& out) {
+  const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(1), block = k.size(2), keys = start + n;
+  const int64_t keys_padded = round_up(keys, 64);
+  const PagedRowsOf<T> k_rows{pool_data<T>(k), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
   float* ktp = scratch<float>(Scratch::kKeys, hkv * D * keys_padded);
   transpose_keys(k_rows, k.stride(1), hkv, keys, keys_padded, D, wide, ktp);
   const int64_t group = hq / hkv;
-  Args a{q.data_ptr<float>(), ktp, {v.data_ptr<float>(), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)},
-         out.data_ptr<float>(), n, start, group, D, std::max<int64_t>(1, kBlockRows / group), keys_padded,
-         q.stride(0), v.stride(1), hq * D, static_cast<float>(scale)};
+  Args<T> a{q.data_ptr<float>(), ktp, {pool_data<T>(v), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)},
+            out.data_ptr<float>(), n, start, group, D, std::max<int64_t>(1, kBlockRows / group), keys_padded,
+            q.stride(0), v.stride(1), hq * D, static_cast<float>(scale)};
   const int64_t blocks = (n + a.block_positions - 1) / a.block_positions;
   // Work items alternate the cheapest and the dearest query blocks (causal: cost grows with position), so each
   // chunk of them a thread takes carries about the same work.
@@ -155,7 +184,6 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
         avx2::attend_block<2, 2, 2>(a, g, qb, qs, s, os);
     }
   });
-  return out;
 }
 
 // One decode step's attention for rows 0..rows-1 (row b's query at positions[b]): q [rows, Hq, D], the new k and v
@@ -192,12 +220,25 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
-  const int64_t group = hq / hkv;
-  DecodeArgs a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), k_cache.data_ptr<float>(),
-               v_cache.data_ptr<float>(), tp, pp, out.data_ptr<float>(), group, D, q.stride(0), k.stride(0),
-               v.stride(0), tab.stride(0), block, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hq * D,
-               static_cast<float>(scale)};
   const bool wide = has_avx512() && !avx2;
+  if (k_cache.scalar_type() == at::kBFloat16)
+    run_decode<uint16_t>(q, k, v, k_cache, v_cache, tab, pp, longest, scale, wide, out);
+  else
+    run_decode<float>(q, k, v, k_cache, v_cache, tab, pp, longest, scale, wide, out);
+  return out;
+}
+
+// decode_attention's work over pools of T, once the arguments are checked
+template <class T>
+void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                const at::Tensor& v_cache, const at::Tensor& tab, const int64_t* pp, int64_t longest, double scale,
+                bool wide, at::Tensor& out) {
+  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
+  const int64_t group = hq / hkv;
+  DecodeArgs<T> a{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), pool_data<T>(k_cache),
+                  pool_data<T>(v_cache), tab.data_ptr<int64_t>(), pp, out.data_ptr<float>(), group, D, q.stride(0),
+                  k.stride(0), v.stride(0), tab.stride(0), block, k_cache.stride(0), k_cache.stride(1),
+                  k_cache.stride(2), hq * D, static_cast<float>(scale)};
   shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
     float* qs = scratch<float>(Scratch::kQueries, group * D);
     float* s = scratch<float>(Scratch::kScores, group * round_up(longest, 64));
@@ -210,7 +251,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         avx2::decode_one<2, 2>(a, w / hkv, w % hkv, qs, s, os, tile);
     }
   });
-  return out;
 }
 
 }  // namespace

@@ -5,9 +5,10 @@ namespace SIE_ISA {
 // out[RB, 16*W] = a[RB, k] . b[k, 16*W]: the register block of both halves of attention, one FMA per output
 // element and step of k, in k order. Scores: a = the scaled queries, b = the transposed keys (k = d). Outputs: a =
 // the probabilities, b = the values (k = keys). `resume`: out holds the sums of the k steps before these, and each
-// chain continues from them (an fp32 store and load is exact: the bits of one pass).
-template <int RB, int W>
-SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* out,
+// chain continues from them (an fp32 store and load is exact: the bits of one pass). `b` fp32, or a bf16 pool's
+// values, widened to fp32 as they are loaded (exact: the same chain as over their fp32 copy).
+template <int RB, int W, class TB>
+SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const TB* b, int64_t ldb, int64_t k, float* out,
                                   int64_t ldo, bool resume = false) {
   Vec16 acc[RB][W];
   for (int i = 0; i < RB; ++i)
@@ -27,14 +28,14 @@ SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const float* b, i
 // S[RB rows, 16*KV keys] = Q[RB, D] . KT[D, keys]
 template <int RB, int KV>
 SIE_TARGET inline void scores_block(const float* q, int64_t D, const float* kt, int64_t ldkt, float* s, int64_t lds) {
-  gemm_block<RB, KV>(q, D, kt, ldkt, D, s, lds);
+  gemm_block<RB, KV, float>(q, D, kt, ldkt, D, s, lds);
 }
 
 // O[RB rows, 16*CV columns] = P[RB, keys] . V[keys, columns]
-template <int RB, int CV>
-SIE_TARGET inline void values_block(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys, float* o,
+template <int RB, int CV, class TV>
+SIE_TARGET inline void values_block(const float* p, int64_t ldp, const TV* v, int64_t ldv, int64_t keys, float* o,
                                     int64_t ldo, bool resume = false) {
-  gemm_block<RB, CV>(p, ldp, v, ldv, keys, o, ldo, resume);
+  gemm_block<RB, CV, TV>(p, ldp, v, ldv, keys, o, ldo, resume);
 }
 
 // A row of scores becomes exp(s - max) over keys 0..valid-1 and exact zeros from there to key_end (rounded up to
@@ -66,8 +67,9 @@ SIE_TARGET inline void divide_row(const float* src, float denom, int64_t d, floa
 
 // One query block of one KV head: rows are (position, query head of the group) pairs, `rows` of them (a multiple of
 // RB, padded with zero queries), the last real one at `rows_real`. Scratch: q [rows, D], s [rows, ldk], o [rows, D].
-template <int RB, int KV, int CV>
-SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, float* s, float* os) {
+// `T`: the pool's element (fp32, or bf16's bits).
+template <int RB, int KV, int CV, class T>
+SIE_TARGET void attend_block(const Args<T>& a, int64_t g, int64_t qb, float* qs, float* s, float* os) {
   const int64_t G = a.group, D = a.head_dim;
   const int64_t first = qb * a.block_positions;  // chunk index of the block's first query
   const int64_t positions = std::min(a.block_positions, a.n - first);
@@ -103,10 +105,10 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
   // resuming its chain where the span before left it: the same bits as one pass over all keys, V read once from L2.
   // A span also ends where the next row does not follow in memory (a pool block's end, unless the table placed the
   // next block right behind it).
-  const PagedRows v = a.v.head(g * a.kv_head_stride);
+  const PagedRowsOf<T> v = a.v.head(g * a.kv_head_stride);
   for (int64_t key = 0, span; key < key_end; key += span) {
     span = v.contiguous(key, std::min(kValueKeys, key_end - key));
-    const float* rows_v = v.row(key);
+    const T* rows_v = v.row(key);
     for (int64_t c = 0; c < D; c += 16 * CV)
       for (int64_t r = 0; r < rows; r += RB)
         values_block<RB, CV>(s + r * ldk + key, ldk, rows_v + c, v.pos_stride, span, os + r * D + c, D, key > 0);
@@ -125,8 +127,8 @@ SIE_TARGET inline void scores_rows(const float* q, int64_t rows, int64_t D, cons
   for (; r < rows; ++r) scores_block<1, KV>(q + r * D, D, kt, ldkt, s + r * lds, lds);
 }
 
-template <int CV>
-SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, const float* v, int64_t ldv,
+template <int CV, class TV>
+SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, const TV* v, int64_t ldv,
                                    int64_t keys, float* o, int64_t ldo, bool resume) {
   int64_t r = 0;
   for (; r + 3 <= rows; r += 3) values_block<3, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo, resume);
@@ -138,13 +140,15 @@ SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, co
 // 16-key groups that hold keys: a short context's last tile is mostly past the end), so a score
 // is the same FMA chain as in attend_block, and so is everything after it: a token's attention output has the
 // same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64] + [16, D].
-template <int KV, int CV>
-SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs, float* s, float* os, float* tile) {
+// A bf16 pool's new key and value are rounded as they are written, as a prefill's write through torch rounds them.
+template <int KV, int CV, class T>
+SIE_TARGET void decode_one(const DecodeArgs<T>& a, int64_t b, int64_t g, float* qs, float* s, float* os,
+                           float* tile) {
   constexpr int64_t kTileKeys = 64;
   const int64_t G = a.group, D = a.head_dim, p = a.positions[b];
-  const PagedRows kc = a.rows(a.k_cache, b, g), vc = a.rows(a.v_cache, b, g);
-  std::copy_n(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
-  std::copy_n(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
+  const PagedRowsOf<T> kc = a.rows(a.k_cache, b, g), vc = a.rows(a.v_cache, b, g);
+  kv_write_row(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
+  kv_write_row(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
   for (int64_t r = 0; r < G; ++r) {
     const float* src = a.q + b * a.q_row_stride + (g * G + r) * D;
     for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * a.scale;
@@ -154,14 +158,14 @@ SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs,
   for (int64_t key = 0; key < keys; key += kTileKeys) {
     const int64_t valid = std::min(kTileKeys, keys - key);
     for (int64_t i = 0; i < valid; i += 16) {
-      const float* src = kc.row(key + i);  // the 16-key group lies in one pool block
-      int64_t ld = kc.pos_stride;
       if (i + 16 > valid) {  // its rows past the last key repeat the last key (their scores are never read)
-        for (int64_t j = 0; j < 16; ++j) std::copy_n(kc.row(key + std::min(i + j, valid - 1)), D, last_rows + j * D);
-        src = last_rows;
-        ld = D;
+        for (int64_t j = 0; j < 16; ++j) kv_read_row(kc.row(key + std::min(i + j, valid - 1)), D, last_rows + j * D);
+        for (int64_t d = 0; d < D; d += 16) transpose16x16(last_rows + d, D, tile + d * kTileKeys + i, kTileKeys);
+      } else {
+        const T* src = kc.row(key + i);  // the 16-key group lies in one pool block
+        for (int64_t d = 0; d < D; d += 16)
+          transpose16x16(src + d, kc.pos_stride, tile + d * kTileKeys + i, kTileKeys);
       }
-      for (int64_t d = 0; d < D; d += 16) transpose16x16(src + d, ld, tile + d * kTileKeys + i, kTileKeys);
     }
     // 16-key groups wholly past the last key keep the tile's older keys: scored, and never read
     for (int64_t i = 0; i < kTileKeys; i += 16 * KV) scores_rows<KV>(qs, G, D, tile + i, kTileKeys, s + key + i, lds);

@@ -1,20 +1,29 @@
 // A sequence's rows in a layer's paged KV pool, and the checks both attention sources make on pools and block
 // tables (causal_attention.cpp, attention_bf16.cpp). Included inside each source's anonymous namespace.
+//
+// A pool holds fp32 or bf16 (the profile's kv_cache_dtype), the same layout either way. bf16 rows are stored as
+// their raw 16 bits (uint16_t): the kernels widen them to fp32 in registers as they read them (exact), and a value
+// written by a kernel is rounded the way torch's `.to(torch.bfloat16)` rounds it (nearest even), so a position
+// holds the same bits whether a prefill chunk (through torch) or a decode step (here) wrote it.
 #pragma once
 
+#include <c10/util/BFloat16.h>
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 // One sequence's keys (or values) of one KV head in a layer's pool: position p is row p % block of pool block
-// table[p / block]; rows pos_stride floats apart within a block, blocks block_stride apart in the pool.
-struct PagedRows {
-  float* base;           // the pool at the head's row 0 of block 0
+// table[p / block]; rows pos_stride elements apart within a block, blocks block_stride apart in the pool.
+template <class T>
+struct PagedRowsOf {
+  T* base;               // the pool at the head's row 0 of block 0
   const int64_t* table;  // the sequence's block table
   int64_t block, block_stride, pos_stride;
 
-  float* row(int64_t p) const { return base + table[p / block] * block_stride + p % block * pos_stride; }
-  PagedRows head(int64_t offset) const { return {base + offset, table, block, block_stride, pos_stride}; }
+  T* row(int64_t p) const { return base + table[p / block] * block_stride + p % block * pos_stride; }
+  PagedRowsOf head(int64_t offset) const { return {base + offset, table, block, block_stride, pos_stride}; }
   // How many rows from p on (at most `most`) lie pos_stride apart: to the end of p's block, and on through the
   // blocks that the table happens to place right behind it in memory.
   int64_t contiguous(int64_t p, int64_t most) const {
@@ -23,15 +32,49 @@ struct PagedRows {
     return n;
   }
 };
+using PagedRows = PagedRowsOf<float>;
 
-// k and v: one layer's pools [num_blocks, Hkv, B, D] of fp32, features contiguous, with the same sizes and strides
-// (one address computation serves both); B a multiple of 16, so no 16-key group crosses a block.
+// A KV element as fp32 (bf16: its 16 bits are fp32's high half, so widening is exact)
+inline float kv_float(float x) { return x; }
+inline float kv_float(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// An fp32 value as a pool element: itself, or bf16 rounded as torch rounds it
+inline void kv_store(float x, float* dst) { *dst = x; }
+inline void kv_store(float x, uint16_t* dst) { *dst = c10::BFloat16(x).x; }
+
+// A row of D fp32 values into a pool row, and back
+inline void kv_write_row(const float* src, int64_t D, float* dst) { std::copy_n(src, D, dst); }
+inline void kv_write_row(const float* src, int64_t D, uint16_t* dst) {
+  for (int64_t d = 0; d < D; ++d) kv_store(src[d], dst + d);
+}
+inline void kv_read_row(const float* src, int64_t D, float* dst) { std::copy_n(src, D, dst); }
+inline void kv_read_row(const uint16_t* src, int64_t D, float* dst) {
+  for (int64_t d = 0; d < D; ++d) dst[d] = kv_float(src[d]);
+}
+
+// k and v: one layer's pools [num_blocks, Hkv, B, D], both fp32 or both bf16, features contiguous, with the same
+// sizes and strides (one address computation serves both); B a multiple of 16, so no 16-key group crosses a block.
 inline void check_pools(const char* op, const at::Tensor& k, const at::Tensor& v, int64_t D) {
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.size(3) == D, op,
-              ": fp32 pools of q's head_dim");
+  TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16) &&
+                  v.scalar_type() == k.scalar_type() && k.size(3) == D,
+              op, ": fp32 or bf16 pools (both alike) of q's head_dim");
   TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && k.stride(3) == 1, op,
               ": k and v pools of the same sizes and strides, features contiguous");
   TORCH_CHECK(k.size(2) > 0 && k.size(2) % 16 == 0, op, ": positions a block a multiple of 16, not ", k.size(2));
+}
+
+// A pool's elements as T (fp32, or bf16's raw bits)
+template <class T>
+inline T* pool_data(const at::Tensor& t) {
+  if constexpr (std::is_same_v<T, float>)
+    return t.data_ptr<float>();
+  else
+    return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
 }
 
 // Entries 0..used-1 of a block table each name a block of the pool.
