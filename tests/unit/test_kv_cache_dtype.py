@@ -139,3 +139,24 @@ def test_kv_memory_holds_twice_the_positions_in_bf16():
     memory = 46080 * 10_000  # SmolLM2: 46,080 bytes a token in fp32
     assert kv_tokens_for(memory, 30, 3, 64, kv_dtype_for("auto", torch.float32), cpu) == 10_000
     assert kv_tokens_for(memory, 30, 3, 64, kv_dtype_for("bfloat16", torch.float32), cpu) == 20_000
+
+
+@torch.inference_mode()
+def test_the_transformers_path_writes_and_gathers_a_bf16_cache():
+    """Its attention function writes K/V rounded into the pool and gathers them widened, prefill and decode alike."""
+    from engine.model.transformers_decoder import TransformersDecoder
+    from engine.runner.model_runner import ModelRunner
+
+    from .tiny_models import tiny_llama
+
+    model = tiny_llama(max_position_embeddings=256)
+    ids = torch.randint(0, 256, (120,), generator=torch.Generator().manual_seed(1)).tolist()
+    reference = model(torch.tensor([ids])).logits[0]
+    runner = ModelRunner(TransformersDecoder(model, max_len=256), slots=2, max_len=256, kv_dtype="bfloat16")
+    assert runner.cache.k.dtype == BF16
+    chunked = [runner.prefill(0, ids[:64], 0), runner.prefill(0, ids[64:100], 64)]
+    stepped = [runner.decode([ids[p]], [p])[0] for p in range(100, 120)]
+    for pos, logits in zip([63, 99, *range(100, 120)], chunked + stepped, strict=True):
+        ref = reference[pos]
+        assert not torch.equal(logits, ref) and (logits - ref).norm() / ref.norm() < 1e-2, pos
+    assert runner.cache.k[:, 1:].abs().sum() > 0  # the pool holds the sequence's K/V, in bf16
