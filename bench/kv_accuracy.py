@@ -8,6 +8,10 @@ model with its KV cache in fp32 (`auto`) and in each other `kv_cache_dtype`:
   K/V from the pool;
 - greedy agreement: a few chat prompts answered with 64 greedy tokens, each answer compared with the fp32-KV one
   (identical answers, and the mean tokens before the first difference).
+8-bit K/V, which the engine does not store yet, are simulated on an fp32 pool: every key and value is rounded to
+what 8 bits hold as it is written (the prefill's writes and the decode kernel's), and the attention then computes in
+fp32 over those values, as a kernel that widens 8-bit K/V in registers would: `int8` with a scale per position and
+KV head (absmax / 127), and `fp8_e4m3` with vLLM's default scale of 1.
 Prints a markdown table (docs/kv-memory.md, "Accuracy"). One model, a few thousand tokens: light enough to run on a
 busy box, but it is a measurement, so run it where nothing else competes if its time matters to you.
 """
@@ -15,13 +19,16 @@ busy box, but it is a measurement, so run it where nothing else competes if its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from engine.model.kv_cache import KV_CACHE_DTYPES
+from engine.model import decoder as fused_decoder
+from engine.model.kv_cache import KV_CACHE_DTYPES, KVCache
 from engine.model.loading import load_model
 from engine.model.selection import build_decoder
 
@@ -73,6 +80,40 @@ def _greedy(decoder, cache, prompt: list[int], length: int) -> list[int]:
     return tokens
 
 
+def _int8(x: torch.Tensor) -> torch.Tensor:
+    """x [N, Hkv, D] rounded to int8 with a scale per position and head (absmax / 127), and back"""
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    return torch.where(scale > 0, x / scale, 0).round().clamp(-127, 127) * scale
+
+
+def _fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-448, 448).to(torch.float8_e4m3fn).to(x.dtype)
+
+
+# name -> (rounding, K/V bytes a value and KV head of D values: 8 bits each, and int8's fp32 scale)
+SIMULATED: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[int], int]]] = {
+    "int8": (_int8, lambda d: d + 4), "fp8_e4m3": (_fp8_e4m3, lambda d: d)}
+
+
+@contextlib.contextmanager
+def _simulated(rounding: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Every K/V write rounded by `rounding` first: `KVCache.write` (prefill, the SDPA and transformers paths) and
+    the fused decode step's kernel, which writes its rows itself."""
+    write, decode = KVCache.write, fused_decoder.decode_attention
+
+    def rounded_write(self, layer, block, offset, k, v):
+        write(self, layer, block, offset, rounding(k), rounding(v))
+
+    def rounded_decode(q, k, v, *args, **kwargs):
+        return decode(q, rounding(k), rounding(v), *args, **kwargs)
+
+    KVCache.write, fused_decoder.decode_attention = rounded_write, rounded_decode  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        KVCache.write, fused_decoder.decode_attention = write, decode  # type: ignore[method-assign]
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
 
@@ -86,17 +127,21 @@ def measure(model_dir: Path, dtype: str, tokens: int, kv_dtypes: list[str], answ
                                            tokenize=False) if tokenizer.chat_template else p for p in PROMPTS]
     prompts = [tokenizer(t, add_special_tokens=not tokenizer.chat_template).input_ids for t in texts]
     rows, base_nll, base_answers = [], 0.0, []
-    for kv in kv_dtypes:
-        cache = decoder.new_cache(1, tokens + CHUNK, kv_dtype=kv)
-        nll = -_all_position_logits(decoder, cache, ids).mean().item()
-        answers = [_greedy(decoder, cache, p, answer_tokens) for p in prompts]
+    for kv in [*kv_dtypes, *SIMULATED]:
+        rounding, value_bytes = SIMULATED.get(kv, (None, None))
+        cache = decoder.new_cache(1, tokens + CHUNK, kv_dtype="auto" if rounding else kv)
+        with _simulated(rounding) if rounding else contextlib.nullcontext():
+            nll = -_all_position_logits(decoder, cache, ids).mean().item()
+            answers = [_greedy(decoder, cache, p, answer_tokens) for p in prompts]
         if kv == "auto":
             base_nll, base_answers = nll, answers
         same = sum(a == b for a, b in zip(answers, base_answers, strict=True))
         prefix = sum(_common_prefix(a, b) for a, b in zip(answers, base_answers, strict=True)) / len(answers)
-        storage = str(cache.k.dtype).removeprefix("torch.")
+        layers, _, heads, _, dim = cache.k.shape
+        per_token = 2 * layers * heads * value_bytes(dim) if value_bytes else cache.bytes_per_token()
+        storage = "simulated" if rounding else str(cache.k.dtype).removeprefix("torch.")
         rows.append(f"| {model_dir.name} | {dtype} ({type(decoder).__name__}) | `{kv}` ({storage}) | "
-                    f"{cache.bytes_per_token():,} | {math.exp(nll):.4f} | {100 * (math.exp(nll - base_nll) - 1):+.2f}% "
+                    f"{per_token:,} | {math.exp(nll):.4f} | {100 * (math.exp(nll - base_nll) - 1):+.2f}% "
                     f"| {same}/{len(answers)} | {prefix:.1f}/{answer_tokens} |")
     return rows
 
