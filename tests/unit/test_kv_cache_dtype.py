@@ -160,3 +160,37 @@ def test_the_transformers_path_writes_and_gathers_a_bf16_cache():
         ref = reference[pos]
         assert not torch.equal(logits, ref) and (logits - ref).norm() / ref.norm() < 1e-2, pos
     assert runner.cache.k[:, 1:].abs().sum() > 0  # the pool holds the sequence's K/V, in bf16
+
+
+@torch.inference_mode()
+def test_the_plain_torch_path_reads_a_bf16_cache_as_the_kernels_do(monkeypatch):
+    """What a GPU (or a CPU without our kernels) runs: writes through `KVCache.write`, SDPA over gathered, widened
+    K/V, in prefill, batched prefill and the graph-capturable decode step. Its logits agree with our kernels' on a
+    bf16 cache, and so do the K/V it writes (up to a last bf16 bit where the two paths' fp32 K/V round apart)."""
+    from engine.model.decoder import Decoder
+    from engine.runner.model_runner import ModelRunner
+
+    from .tiny_models import tiny_llama
+
+    shape = dict(hidden_size=192, intermediate_size=256, num_attention_heads=3, num_key_value_heads=1,
+                 max_position_embeddings=256)
+    monkeypatch.setenv("SIE_LINEAR_KERNEL", "mkl")
+    monkeypatch.setenv("SIE_ATTENTION", "sdpa")
+    plain = Decoder(tiny_llama(**shape), max_len=256)
+    monkeypatch.delenv("SIE_ATTENTION")
+    ours = Decoder(tiny_llama(**shape), max_len=256)
+    assert not plain.native_attention and ours.native_attention == cpu_kernels.available()
+    prompt = torch.randint(0, 256, (90,), generator=torch.Generator().manual_seed(1)).tolist()
+    results = []
+    for dec in (plain, ours):
+        runner = ModelRunner(dec, 3, 256, cuda_graphs=True, capture=False, kv_dtype="bfloat16")
+        assert runner.cache.k.dtype == BF16
+        logits = [runner.prefill(0, prompt[:50], 0), runner.prefill(0, prompt[50:], 50),
+                  *runner.prefill_batch([1, 2], [prompt[:30], prompt[:70]], [None, None]),
+                  *runner.decode([5, 6, 7], [90, 30, 70])]
+        results.append((torch.stack(logits), runner.cache))
+    (plain_logits, plain_cache), (our_logits, our_cache) = results
+    torch.testing.assert_close(plain_logits, our_logits, rtol=1e-4, atol=1e-4)
+    for pool in ("k", "v"):  # slot 0's 91 positions: blocks 1..6
+        torch.testing.assert_close(getattr(plain_cache, pool)[:, 1:6].float(), getattr(our_cache, pool)[:, 1:6].float(),
+                                   rtol=1e-2, atol=1e-2)
