@@ -44,7 +44,7 @@ $(VLM_DIR)/.complete: $(MODEL_DIR)/.complete
 model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete $(GEMMA_DIR)/.complete  ## SmolLM2, demo adapter, tiny VLM, Gemma 3 (once)
 
 # MODEL=<Hugging Face folder>: that model alone (SERVED_NAME names it; MODEL_KIND=gpu for bf16 on a GPU;
-# KV_CACHE_DTYPE=bfloat16 stores its K/V in bf16, twice the tokens in the same memory);
+# KV_CACHE_DTYPE=bfloat16 or int8 stores its K/V narrower, 2x or about 4x the tokens in the same memory);
 # MODEL_REPOSITORY=<dir>: a model repository of your own (docs/own-model.md). Neither: model_repository/.
 MODEL ?=
 MODEL_REPOSITORY ?=

@@ -8,10 +8,9 @@ model with its KV cache in fp32 (`auto`) and in each other `kv_cache_dtype`:
   K/V from the pool;
 - greedy agreement: a few chat prompts answered with 64 greedy tokens, each answer compared with the fp32-KV one
   (identical answers, and the mean tokens before the first difference).
-8-bit K/V, which the engine does not store yet, are simulated on an fp32 pool: every key and value is rounded to
-what 8 bits hold as it is written (the prefill's writes and the decode kernel's), and the attention then computes in
-fp32 over those values, as a kernel that widens 8-bit K/V in registers would: `int8` with a scale per position and
-KV head (absmax / 127), and `fp8_e4m3` with vLLM's default scale of 1.
+fp8 K/V, which the engine does not store, are simulated on an fp32 pool: every key and value is rounded to
+`fp8_e4m3` (vLLM's default scale of 1) as it is written (the prefill's writes and the decode kernel's), and the
+attention then computes in fp32 over those values, as a kernel that widens fp8 K/V in registers would.
 Prints a markdown table (docs/kv-memory.md, "Accuracy"). One model, a few thousand tokens: light enough to run on a
 busy box, but it is a measurement, so run it where nothing else competes if its time matters to you.
 """
@@ -80,19 +79,13 @@ def _greedy(decoder, cache, prompt: list[int], length: int) -> list[int]:
     return tokens
 
 
-def _int8(x: torch.Tensor) -> torch.Tensor:
-    """x [N, Hkv, D] rounded to int8 with a scale per position and head (absmax / 127), and back"""
-    scale = x.abs().amax(-1, keepdim=True) / 127
-    return torch.where(scale > 0, x / scale, 0).round().clamp(-127, 127) * scale
-
-
 def _fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-448, 448).to(torch.float8_e4m3fn).to(x.dtype)
 
 
-# name -> (rounding, K/V bytes a value and KV head of D values: 8 bits each, and int8's fp32 scale)
+# name -> (rounding, K/V bytes of a KV head's D values)
 SIMULATED: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[int], int]]] = {
-    "int8": (_int8, lambda d: d + 4), "fp8_e4m3": (_fp8_e4m3, lambda d: d)}
+    "fp8_e4m3": (_fp8_e4m3, lambda d: d)}
 
 
 @contextlib.contextmanager

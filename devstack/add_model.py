@@ -1,7 +1,7 @@
 """Write one Triton model folder (config.pbtxt + 1/model.py) for a Hugging Face model folder, into any repository.
 
     python -m devstack.add_model <folder> --repository <dir> [--name SERVED] [--kind cpu|gpu] [--model-path PATH]
-        [--kv-cache-dtype auto|bfloat16]
+        [--kv-cache-dtype auto|bfloat16|int8]
 
 Everything in the profile comes from the model's own files (devstack/model_profile.py). The tensor contract and
 the thin model.py are those of model_repository/smollm2_135m_instruct, so every model speaks the same contract
@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=sorted(_KINDS), default="cpu", help="cpu: fp32 on the host; gpu: bf16")
     parser.add_argument("--model-path", help="the model folder as the server sees it (default: its absolute path)")
     parser.add_argument("--triton-name", help="the Triton model name (default: derived from the served name)")
-    parser.add_argument("--kv-cache-dtype", choices=("auto", "bfloat16"), default="auto",
-                        help="how K/V are stored (bfloat16: twice the tokens in the same memory)")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "bfloat16", "int8"), default="auto",
+                        help="how K/V are stored (bfloat16: twice the tokens in the same memory, int8 about 4x)")
     args = parser.parse_args(argv)
     try:
         target = add_model(args.folder, args.repository, name=args.name, kind=args.kind, model_path=args.model_path,

@@ -242,7 +242,7 @@ class Decoder:
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache.write(i, block, offset, k, v)
             return chunk_attention(q, cache.k[i], cache.v[i], table, start, self.native_attention,
-                                   self.bf16_attention).reshape(n, -1)
+                                   self.bf16_attention, **cache.scales(i)).reshape(n, -1)
 
         normed = self._layers(h, self._rope_at(positions), lora, attend)
         return self.logits(normed[-1:])[0] if sample else None
@@ -323,13 +323,14 @@ class Decoder:
             attn = torch.empty_like(q)
             if decode:
                 attn[:decode] = decode_attention(q[:decode], kk[:decode], vv[:decode], cache.k[i], cache.v[i],
-                                                 decode_tables, decode_positions, self.bf16_attention)
+                                                 decode_tables, decode_positions, self.bf16_attention,
+                                                 **cache.scales(i))
             if bounds[-1] > decode:
                 cache.write(i, block[decode:], offset[decode:], kk[decode:], vv[decode:])
             for row in range(decode, len(chunks)):
                 a, b = bounds[row], bounds[row + 1]
                 attn[a:b] = chunk_attention(q[a:b], cache.k[i], cache.v[i], tables[row], starts[row], native=True,
-                                            bf16=self.bf16_attention)
+                                            bf16=self.bf16_attention, **cache.scales(i))
             return attn.reshape(bounds[-1], -1)
 
         normed = self._layers(h, self._rope_at(positions), lora, attend)
@@ -350,7 +351,7 @@ class Decoder:
 
             def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return decode_attention(q, k, v, cache.k[i], cache.v[i], tables, positions_t,
-                                        self.bf16_attention).reshape(b, -1)
+                                        self.bf16_attention, **cache.scales(i)).reshape(b, -1)
         else:
             group = self.n_heads // self.n_kv
             block, offset = cache.locate(tables, positions_t)

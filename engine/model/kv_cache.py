@@ -20,9 +20,12 @@ On the host the pool is one zeroed allocation whose pages are committed only whe
 block pool reuses the most recently freed blocks first, so resident memory follows the peak of blocks in use.
 
 The pool's dtype (the profile's `kv_cache_dtype`) may be narrower than the activations': `auto` stores them as they
-are, `bfloat16` stores K/V in bf16, half the bytes a token, so the same KV memory holds twice the positions. Values
-are rounded once, as they are written (`write`; our decode kernels round the same way), and widened where they are
-read (our kernels in registers, `gather` for the SDPA paths), so the math stays in the activations' dtype.
+are, `bfloat16` stores K/V in bf16, half the bytes a token, so the same KV memory holds twice the positions; `int8`
+stores them as int8 with an fp32 scale per position and KV head (`k_scale`, `v_scale`, laid out as the pool's rows),
+about a quarter of fp32's bytes. Values are rounded once, as they are written (`write`; our decode kernels round the
+same way), and widened where they are read (our kernels in registers, `gather` for the SDPA paths), so the math stays
+in the activations' dtype. int8's scale is per position, not per block: a block is filled a position at a time, and
+a scale that grew with it would requantize what is already there, so a prompt's K/V would depend on its chunking.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 NULL_BLOCK = 0
 
 # profile name -> the pool's dtype (None: the activations')
-KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "bfloat16": torch.bfloat16}
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
 def kv_dtype_for(name: str, activations: torch.dtype) -> torch.dtype:
@@ -73,12 +76,28 @@ def free_memory(device: torch.device) -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V of one position in every layer, stored as `dtype` (int8: with its fp32 scale per KV head)."""
+    row = head_dim * dtype.itemsize + (4 if dtype == torch.int8 else 0)
+    return 2 * layers * kv_heads * row
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] as int8 and a scale per row [...]: absmax / 127, each value divided by it and rounded to nearest
+    even (a zero row: scale 0, zeros). Our decode kernels quantize with the same operations in the same order
+    (engine/model/kernels/paged_rows.h), so a position holds the same bits whichever wrote it."""
+    x = x.float()
+    scale = x.abs().amax(-1) / 127
+    q = torch.where(scale[..., None] > 0, x / scale[..., None], 0).round().clamp(-127, 127)
+    return q.to(torch.int8), scale
+
+
 def kv_tokens_for(memory: int | float, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                   device: torch.device) -> int:
     """The positions `memory` holds with K/V stored in `dtype` (the pool's, `kv_dtype_for`): bytes (an int), or a
     fraction (a float) of what the device has free now, as vLLM's `gpu_memory_utilization` and
     `VLLM_CPU_KVCACHE_SPACE` size its KV cache."""
-    per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
+    per_token = kv_bytes_per_token(layers, kv_heads, head_dim, dtype)
     size = int(free_memory(device) * memory) if isinstance(memory, float) else memory
     tokens = size // per_token
     if tokens < 1024:
@@ -106,6 +125,12 @@ class KVCache:
         shape = (layers, kv_heads, self.num_blocks, block_size, head_dim)
         self.k = zeroed(shape, self.storage, device).transpose(1, 2)
         self.v = zeroed(shape, self.storage, device).transpose(1, 2)
+        # int8: a scale per position and KV head, [layers, blocks, kv_heads, B], stored head-major as the pools are
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        if self.storage == torch.int8:
+            self.k_scale = zeroed(shape[:-1], torch.float32, device).transpose(1, 2)
+            self.v_scale = zeroed(shape[:-1], torch.float32, device).transpose(1, 2)
         self.device = self.k.device
         self._host = self.device.type == "cpu"
         # the tables live on the host, where the scheduler writes them (through `rows`, a numpy view: an element
@@ -156,8 +181,19 @@ class KVCache:
               ) -> None:
         """k, v [N, kv_heads, D] into the layer's pool at (block, offset) [N] (no host sync: graph-capturable),
         rounded to the pool's dtype (nearest even, as our decode kernels round what they write)."""
+        if self.k_scale is not None and self.v_scale is not None:
+            (qk, sk), (qv, sv) = quantize(k), quantize(v)
+            self.k[layer][block, :, offset], self.k_scale[layer][block, :, offset] = qk, sk
+            self.v[layer][block, :, offset], self.v_scale[layer][block, :, offset] = qv, sv
+            return
         self.k[layer][block, :, offset] = k.to(self.storage)
         self.v[layer][block, :, offset] = v.to(self.storage)
+
+    def scales(self, layer: int) -> dict[str, torch.Tensor]:
+        """The layer's int8 scales as our attention ops take them (`k_scale`, `v_scale`); none for other pools."""
+        if self.k_scale is None or self.v_scale is None:
+            return {}
+        return {"k_scale": self.k_scale[layer], "v_scale": self.v_scale[layer]}
 
     def gather(self, layer: int, tables: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions 0..span-1 of each table's sequence, as contiguous rows in the activations' dtype: tables
@@ -166,16 +202,19 @@ class KVCache:
         count = blocks_for(span, self.block_size)
         index = tables[:, :count]
         out = []
-        for pool in (self.k[layer], self.v[layer]):
+        for pool, scales in ((self.k[layer], self.k_scale), (self.v[layer], self.v_scale)):
             blocks = pool[index]  # [R, count, Hkv, B, D]
+            if scales is not None:
+                blocks = blocks.float() * scales[layer][index][..., None]
             out.append(blocks.transpose(1, 2).flatten(2, 3)[:, :, :span].to(self.dtype))
         return out[0], out[1]
 
     def copy_block(self, src: int, dst: int) -> None:
         """Block `dst` takes `src`'s K/V in every layer (a fork's copy of a partly filled block)."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        for pool in (self.k, self.v, self.k_scale, self.v_scale):
+            if pool is not None:
+                pool[:, dst] = pool[:, src]
 
     def bytes_per_token(self) -> int:
         layers, _, heads, _, dim = self.k.shape
-        return 2 * layers * heads * dim * self.k.element_size()
+        return kv_bytes_per_token(layers, heads, dim, self.storage)

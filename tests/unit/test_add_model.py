@@ -67,12 +67,15 @@ def test_limits_come_from_the_config_and_the_kv_memory(tmp_path):
     assert "kv_cache_dtype" not in parameters(gpu)  # auto: the activations' dtype
 
 
-def test_a_bf16_kv_cache_holds_twice_the_tokens_on_the_cpu(tmp_path):
+def test_a_narrower_kv_cache_holds_more_tokens_on_the_cpu(tmp_path):
     path = folder(tmp_path)
     fp32 = parameters(add_model(path, tmp_path / "a", kv_memory_bytes=1 << 20))
     bf16 = parameters(add_model(path, tmp_path / "b", kv_memory_bytes=1 << 20, kv_cache_dtype="bfloat16"))
     assert bf16["kv_cache_dtype"] == "bfloat16" and "kv_cache_dtype" not in fp32
     assert int(bf16["kv_budget_tokens"]) == 2 * int(fp32["kv_budget_tokens"]) == 4096
+    # int8: 2 layers x 2 KV heads x K and V x (16 values + a 4-byte scale) = 160 B a token
+    int8 = parameters(add_model(path, tmp_path / "c", kv_memory_bytes=1 << 20, kv_cache_dtype="int8"))
+    assert int8["kv_cache_dtype"] == "int8" and int(int8["kv_budget_tokens"]) == (1 << 20) // 160 // 16 * 16
     assert main([str(path), "--repository", str(tmp_path / "cli"), "--name", "x/y", "--kv-cache-dtype",
                  "bfloat16"]) == 0
     assert parameters(tmp_path / "cli" / "x_y")["kv_cache_dtype"] == "bfloat16"

@@ -149,11 +149,11 @@ def test_only_for_bf16_weights_and_not_when_fp32_attention_is_asked(monkeypatch)
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("kv", ["auto", "bfloat16"])
+@pytest.mark.parametrize("kv", ["auto", "bfloat16", "int8"])
 def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch, kv):
     """bf16 weights on the tiled kernel: the attention multiplies bf16 in prefill and decode alike, so every op of the
     forward is row-invariant and the bits cannot depend on the chunking, the prefix cache or the batch; with the KV
-    cache in fp32 (`auto`) or in bf16 alike."""
+    cache in fp32 (`auto`), bf16 or int8 alike."""
     from engine.model.decoder import Decoder
 
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")

@@ -142,7 +142,8 @@ def test_kv_memory_holds_twice_the_positions_in_bf16():
 
 
 @torch.inference_mode()
-def test_the_transformers_path_writes_and_gathers_a_bf16_cache():
+@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
+def test_the_transformers_path_writes_and_gathers_a_narrow_cache(kv):
     """Its attention function writes K/V rounded into the pool and gathers them widened, prefill and decode alike."""
     from engine.model.transformers_decoder import TransformersDecoder
     from engine.runner.model_runner import ModelRunner
@@ -152,14 +153,14 @@ def test_the_transformers_path_writes_and_gathers_a_bf16_cache():
     model = tiny_llama(max_position_embeddings=256)
     ids = torch.randint(0, 256, (120,), generator=torch.Generator().manual_seed(1)).tolist()
     reference = model(torch.tensor([ids])).logits[0]
-    runner = ModelRunner(TransformersDecoder(model, max_len=256), slots=2, max_len=256, kv_dtype="bfloat16")
-    assert runner.cache.k.dtype == BF16
+    runner = ModelRunner(TransformersDecoder(model, max_len=256), slots=2, max_len=256, kv_dtype=kv)
+    assert runner.cache.k.dtype == getattr(torch, kv)
     chunked = [runner.prefill(0, ids[:64], 0), runner.prefill(0, ids[64:100], 64)]
     stepped = [runner.decode([ids[p]], [p])[0] for p in range(100, 120)]
     for pos, logits in zip([63, 99, *range(100, 120)], chunked + stepped, strict=True):
         ref = reference[pos]
         assert not torch.equal(logits, ref) and (logits - ref).norm() / ref.norm() < 1e-2, pos
-    assert runner.cache.k[:, 1:].abs().sum() > 0  # the pool holds the sequence's K/V, in bf16
+    assert runner.cache.k[:, 1:].float().abs().sum() > 0  # the pool holds the sequence's K/V
 
 
 @torch.inference_mode()

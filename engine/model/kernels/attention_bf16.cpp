@@ -50,7 +50,7 @@ constexpr int64_t kKeyBlock = 32;   // keys per P.V tile step (16 pairs), and th
 constexpr int64_t kBlockRows = 64;  // a prefill work item's query rows (position x head of the group), 4 row tiles
 
 // Per-thread scratch (scratch.h)
-enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kCount };
+enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kScales, kCount };
 
 // 16 fp32 -> 16 bf16 (nearest even)
 SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
@@ -59,6 +59,9 @@ SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x)
 SIE_AMX inline __m256i row_bf16(const float* src) { return to_bf16(_mm512_loadu_ps(src)); }
 SIE_AMX inline __m256i row_bf16(const uint16_t* src) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+}
+SIE_AMX inline __m256i row_bf16(const int8_t* src) {  // exact: bf16 holds every integer of int8
+  return to_bf16(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))));
 }
 
 // Keys first..end-1 of one head (first a multiple of 16; those from `keys` on zero) as Q.K^T's B tiles:
@@ -126,10 +129,15 @@ SIE_AMX inline __m512 exp_to_bf16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// exp(s[at..at+16) - top), the lanes outside `keep` zero, stored to p as bf16; returns the fp32 exps
-SIE_AMX inline __m512 exps(const float* s, __m512 top, int64_t at, __mmask16 keep, uint16_t* p) {
+// exp(s[at..at+16) - top), the lanes outside `keep` zero, stored to p as bf16 (times the values' scales `vs` for
+// an int8 pool); returns the fp32 exps
+template <bool kScaled>
+SIE_AMX inline __m512 exps(const float* s, __m512 top, int64_t at, __mmask16 keep, uint16_t* p, const float* vs) {
   const __m512 e = _mm512_maskz_mov_ps(keep, exp_to_bf16(_mm512_sub_ps(_mm512_loadu_ps(s + at), top)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + at), to_bf16(e));
+  if constexpr (kScaled)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + at), to_bf16(_mm512_mul_ps(e, _mm512_loadu_ps(vs + at))));
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + at), to_bf16(e));
   return e;
 }
 
@@ -137,7 +145,8 @@ SIE_AMX inline __m512 exps(const float* s, __m512 top, int64_t at, __mmask16 kee
 // Vector j of the row (keys 16j..16j+15) adds into accumulator j % 4, so four chains run at once, in an order
 // fixed by the key positions alone; the zeros past valid would add nothing, so they are not added. Whole vectors
 // of valid keys need no mask; only the one that straddles `valid` does.
-SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16_t* p) {
+template <bool kScaled>
+SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16_t* p, const float* vs) {
   const int64_t whole = valid / 16 * 16;
   __m512 m[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
                  _mm512_set1_ps(-INFINITY)};
@@ -152,9 +161,10 @@ SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16
                                                                        _mm512_max_ps(m[2], m[3]))));
   __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (key = 0; key + 64 <= whole; key += 64)
-    for (int j = 0; j < 4; ++j) sum[j] = _mm512_add_ps(sum[j], exps(s, top, key + 16 * j, 0xFFFF, p));
+    for (int j = 0; j < 4; ++j) sum[j] = _mm512_add_ps(sum[j], exps<kScaled>(s, top, key + 16 * j, 0xFFFF, p, vs));
   for (int j = 0; key < valid; key += 16, ++j) {  // at most 3 whole vectors and the partial one: j < 4
-    const __m512 e = exps(s, top, key, key + 16 <= valid ? 0xFFFF : static_cast<__mmask16>((1u << (valid - key)) - 1), p);
+    const __m512 e = exps<kScaled>(s, top, key,
+                                   key + 16 <= valid ? 0xFFFF : static_cast<__mmask16>((1u << (valid - key)) - 1), p, vs);
     sum[j] = _mm512_add_ps(sum[j], e);
   }
   for (; key < end; key += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + key), _mm256_setzero_si256());
@@ -166,10 +176,12 @@ SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16
 // head at position r / group from its first: it sees keys 0..first_valid + r / group - 1, and its output, divided by
 // its denominator, goes to out + (r / group) * out_row + (r % group) * D. Scratch: s [rows, key_end] fp32, p [rows,
 // key_end] bf16, o [rows, D].
-// `amx`: the products on AMX tiles (all `rows`), else on vdpbf16ps (the real rows alone).
+// `amx`: the products on AMX tiles (all `rows`), else on vdpbf16ps (the real rows alone). `ks`, `vs`: an int8
+// pool's keys' and values' scales [key_end] (else null): each score times its key's, each exp times its value's
+// before it is rounded for P.V (the denominator sums the unscaled exps).
 SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int64_t D, const uint32_t* kt,
                          const uint32_t* vt, int64_t key_end, int64_t group, int64_t first_valid, float* out,
-                         int64_t out_row, bool amx) {
+                         int64_t out_row, bool amx, const float* ks = nullptr, const float* vs = nullptr) {
   float* s = scratch<float>(Scratch::kScores, rows * key_end);
   uint16_t* p = scratch<uint16_t>(Scratch::kProbs, rows * key_end);
   float* o = scratch<float>(Scratch::kOutputs, rows * D);
@@ -177,10 +189,16 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
     scores_amx(q, rows, D, kt, key_end, s);
   else
     scores_dot(q, rows_real, D, kt, key_end, s);
+  if (ks)
+    for (int64_t r = 0; r < rows_real; ++r)
+      for (int64_t key = 0; key < key_end; key += 16)
+        _mm512_storeu_ps(s + r * key_end + key,
+                         _mm512_mul_ps(_mm512_loadu_ps(s + r * key_end + key), _mm512_loadu_ps(ks + key)));
   float* denom = scratch<float>(Scratch::kDenominators, rows_real);
   for (int64_t r = 0; r < rows; ++r) {
     if (r < rows_real)
-      denom[r] = softmax_to_bf16(s + r * key_end, first_valid + r / group, key_end, p + r * key_end);
+      denom[r] = vs ? softmax_to_bf16<true>(s + r * key_end, first_valid + r / group, key_end, p + r * key_end, vs)
+                    : softmax_to_bf16<false>(s + r * key_end, first_valid + r / group, key_end, p + r * key_end, vs);
     else
       std::fill(p + r * key_end, p + (r + 1) * key_end, uint16_t(0));
   }
@@ -218,13 +236,17 @@ void pack_heads(const at::Tensor& k, const at::Tensor& v, const at::Tensor& entr
 // causal_attention.cpp's causal_attention with bf16 products: q [n, Hq, D] for positions start..start+n-1, k and
 // v the layer's pools [num_blocks, Hkv, B, D] (the chunk's own keys written), `table` the sequence's block table
 // (int64, covering keys 0..start+n-1) -> [n, Hq, D].
+using Scales = c10::optional<at::Tensor>;  // an int8 pool's, [num_blocks, Hkv, B] (paged_rows.h)
+
 at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const at::Tensor& table, int64_t start, double scale) {
+                                const at::Tensor& table, int64_t start, double scale, const Scales& k_scale,
+                                const Scales& v_scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
               "causal_attention_bf16: q [n, Hq, D], k/v pools [num_blocks, Hkv, B, D]");
   const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(1), block = k.size(2), keys = start + n;
   check_common(q, D);
   check_pools("causal_attention_bf16", k, v, D);
+  check_scales("causal_attention_bf16", k, k_scale, v_scale);
   TORCH_CHECK(hq % hkv == 0, "causal_attention_bf16: query heads a multiple of KV heads");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "causal_attention_bf16: rows of contiguous heads");
   const int64_t used = (keys + block - 1) / block;
@@ -239,10 +261,22 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   // every KV head's keys and values packed once, in 32-key blocks across both cores
   uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, hkv * keys_pad * D / 2);
   uint32_t* vt = scratch<uint32_t>(Scratch::kValues, hkv * keys_pad * D / 2);
-  if (k.scalar_type() == at::kBFloat16)
+  float* scales = nullptr;  // an int8 pool's: every head's keys' then values' scales, gathered once
+  if (k.scalar_type() == at::kBFloat16) {
     pack_heads<uint16_t>(k, v, entries, keys, keys_pad, kt, vt);
-  else
+  } else if (k.scalar_type() == at::kChar) {
+    pack_heads<int8_t>(k, v, entries, keys, keys_pad, kt, vt);
+    scales = scratch<float>(Scratch::kScales, 2 * hkv * keys_pad);
+    for (int64_t g = 0; g < hkv; ++g)
+      for (int64_t i = 0; i < 2; ++i) {
+        const at::Tensor& pool = i == 0 ? *k_scale : *v_scale;
+        const PagedScales rows{pool.data_ptr<float>() + g * pool.stride(1), entries.data_ptr<int64_t>(), block,
+                               pool.stride(0)};
+        rows.gather(keys, keys_pad, scales + (i * hkv + g) * keys_pad);
+      }
+  } else {
     pack_heads<float>(k, v, entries, keys, keys_pad, kt, vt);
+  }
   const int64_t block_positions = std::max<int64_t>(1, kBlockRows / group);
   const int64_t q_blocks = (n + block_positions - 1) / block_positions;
   const float* qp = q.data_ptr<float>();
@@ -262,7 +296,8 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
       std::fill(qs + rows_real * D, qs + rows * D, uint16_t(0));
       const int64_t key_end = round_up(start + first + positions, kKeyBlock);
       attend_rows(qs, rows, rows_real, D, kt + g * keys_pad * D / 2, vt + g * keys_pad * D / 2, key_end, group,
-                  start + first + 1, op + (first * hq + g * group) * D, hq * D, amx);
+                  start + first + 1, op + (first * hq + g * group) * D, hq * D, amx,
+                  scales ? scales + g * keys_pad : nullptr, scales ? scales + (hkv + g) * keys_pad : nullptr);
     }
     if (amx) release_tiles();
   });
@@ -273,7 +308,8 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 // rounded as they are written, as a prefill's write through torch rounds them (paged_rows.h).
 template <class T>
 void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-                const at::Tensor& v_cache, const at::Tensor& tab, const int64_t* pp, double scale, at::Tensor& out) {
+                const at::Tensor& v_cache, const at::Tensor& tab, const int64_t* pp, double scale,
+                const Scales& k_scale, const Scales& v_scale, at::Tensor& out) {
   const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
   const int64_t group = hq / hkv, rows = round_up(group, 16);
   const bool amx = has_amx();
@@ -287,8 +323,19 @@ void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
       const int64_t* table = tp + row * tab.stride(0);  // k_cache and v_cache share their strides
       const PagedRowsOf<T> kh{kc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
       const PagedRowsOf<T> vh{vc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
-      kv_write_row(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
-      kv_write_row(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
+      float* scales = nullptr;  // an int8 pool's: this row's keys' then values' scales [2, key_end]
+      if constexpr (std::is_same_v<T, int8_t>) {
+        const PagedScales ksc{k_scale->data_ptr<float>() + g * k_scale->stride(1), table, block, k_scale->stride(0)};
+        const PagedScales vsc{v_scale->data_ptr<float>() + g * v_scale->stride(1), table, block, v_scale->stride(0)};
+        kv_quantize_row(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p), ksc.at(p));
+        kv_quantize_row(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p), vsc.at(p));
+        scales = scratch<float>(Scratch::kScales, 2 * key_end);
+        ksc.gather(keys, key_end, scales);
+        vsc.gather(keys, key_end, scales + key_end);
+      } else {
+        kv_write_row(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
+        kv_write_row(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
+      }
       uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
       uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
       pack_keys(kh, 0, keys, key_end, D, kt);
@@ -299,7 +346,7 @@ void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
                    qs + r * D);
       std::fill(qs + group * D, qs + rows * D, uint16_t(0));
       attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
-                  hq * D, amx);
+                  hq * D, amx, scales, scales ? scales + key_end : nullptr);
     }
     if (amx) release_tiles();
   });
@@ -311,7 +358,8 @@ void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 // a row writes must be one no other row of the step reads.
 at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
-                                const at::Tensor& positions, double scale) {
+                                const at::Tensor& positions, double scale, const Scales& k_scale,
+                                const Scales& v_scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
               "decode_attention_bf16: q [rows, Hq, D], k/v [rows, Hkv, D], caches: pools [num_blocks, Hkv, B, D]");
   const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
@@ -319,6 +367,7 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   for (const at::Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention_bf16: fp32, features contiguous");
   check_pools("decode_attention_bf16", k_cache, v_cache, D);
+  check_scales("decode_attention_bf16", k_cache, k_scale, v_scale);
   TORCH_CHECK(hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b && v.size(0) == b,
               "decode_attention_bf16: query heads a multiple of KV heads, one new key and value per row");
   TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention_bf16: heads contiguous");
@@ -337,18 +386,22 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
   if (k_cache.scalar_type() == at::kBFloat16)
-    run_decode<uint16_t>(q, k, v, k_cache, v_cache, tab, pp, scale, out);
+    run_decode<uint16_t>(q, k, v, k_cache, v_cache, tab, pp, scale, k_scale, v_scale, out);
+  else if (k_cache.scalar_type() == at::kChar)
+    run_decode<int8_t>(q, k, v, k_cache, v_cache, tab, pp, scale, k_scale, v_scale, out);
   else
-    run_decode<float>(q, k, v, k_cache, v_cache, tab, pp, scale, out);
+    run_decode<float>(q, k, v, k_cache, v_cache, tab, pp, scale, k_scale, v_scale, out);
   return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sie_kernels, m) {
-  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor table, int start, float scale) -> Tensor");
+  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor table, int start, float scale, "
+        "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
   m.impl("causal_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(causal_attention_bf16));
   m.def("decode_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor tables, Tensor positions, float scale) -> Tensor");
+        "Tensor tables, Tensor positions, float scale, Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None) "
+        "-> Tensor");
   m.impl("decode_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(decode_attention_bf16));
 }

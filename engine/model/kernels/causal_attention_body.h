@@ -61,6 +61,12 @@ SIE_TARGET inline float softmax_row(float* row, int64_t valid, int64_t key_end) 
   return fold_add(sum);
 }
 
+// row[0..n) *= scales[0..n), n rounded up to 16 (both hold that much): an int8 pool's scores times their keys'
+// scales, or its exps times their values' scales (the scale of a key or value row factored out of its products)
+SIE_TARGET inline void scale_row(float* row, const float* scales, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) (Vec16::load(row + i) * Vec16::load(scales + i)).store(row + i);
+}
+
 SIE_TARGET inline void divide_row(const float* src, float denom, int64_t d, float* dst) {
   for (int64_t i = 0; i < d; ++i) dst[i] = src[i] / denom;
 }
@@ -93,6 +99,8 @@ SIE_TARGET void attend_block(const Args<T>& a, int64_t g, int64_t qb, float* qs,
   for (int64_t key = 0; key < key_pad; key += 16 * KV)
     for (int64_t r = 0; r < rows; r += RB)
       scores_block<RB, KV>(qs + r * D, D, kt + key / 64 * 64 * D + key % 64, 64, s + r * ldk + key, ldk);
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < rows_real; ++r) scale_row(s + r * ldk, a.k_scales + g * ldk, key_end);
   // softmax over each row's own keys 0..position (the rest of the row becomes exact zeros)
   std::vector<float> denom(rows, 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
@@ -101,6 +109,8 @@ SIE_TARGET void attend_block(const Args<T>& a, int64_t g, int64_t qb, float* qs,
     else
       denom[r] = softmax_row(s + r * ldk, a.start + first + r / G + 1, key_end);
   }
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < rows_real; ++r) scale_row(s + r * ldk, a.v_scales + g * ldk, key_end);
   // V in spans of up to kValueKeys rows (32 KB at D = 64, in L1) that every row block reads in turn, each output
   // resuming its chain where the span before left it: the same bits as one pass over all keys, V read once from L2.
   // A span also ends where the next row does not follow in memory (a pool block's end, unless the table placed the
@@ -141,19 +151,29 @@ SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, co
 // is the same FMA chain as in attend_block, and so is everything after it: a token's attention output has the
 // same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64] + [16, D].
 // A bf16 pool's new key and value are rounded as they are written, as a prefill's write through torch rounds them.
+// An int8 pool's row is quantized as it is written (kv_quantize_row), and its scales are gathered into `scales`
+// [2, >= p + 64] (keys', values').
 template <int KV, int CV, class T>
 SIE_TARGET void decode_one(const DecodeArgs<T>& a, int64_t b, int64_t g, float* qs, float* s, float* os,
-                           float* tile) {
+                           float* tile, float* scales = nullptr) {
   constexpr int64_t kTileKeys = 64;
   const int64_t G = a.group, D = a.head_dim, p = a.positions[b];
   const PagedRowsOf<T> kc = a.rows(a.k_cache, b, g), vc = a.rows(a.v_cache, b, g);
-  kv_write_row(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
-  kv_write_row(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
+  const int64_t keys = p + 1, lds = round_up(keys, kTileKeys);
+  if constexpr (std::is_same_v<T, int8_t>) {
+    const PagedScales ksc = a.scales(a.k_scales, b, g), vsc = a.scales(a.v_scales, b, g);
+    kv_quantize_row(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p), ksc.at(p));
+    kv_quantize_row(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p), vsc.at(p));
+    ksc.gather(keys, lds, scales);
+    vsc.gather(keys, lds, scales + lds);
+  } else {
+    kv_write_row(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
+    kv_write_row(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
+  }
   for (int64_t r = 0; r < G; ++r) {
     const float* src = a.q + b * a.q_row_stride + (g * G + r) * D;
     for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * a.scale;
   }
-  const int64_t keys = p + 1, lds = round_up(keys, kTileKeys);
   float* last_rows = tile + D * kTileKeys;  // [16, D]: the 16-key group that straddles the last key
   for (int64_t key = 0; key < keys; key += kTileKeys) {
     const int64_t valid = std::min(kTileKeys, keys - key);
@@ -170,8 +190,12 @@ SIE_TARGET void decode_one(const DecodeArgs<T>& a, int64_t b, int64_t g, float* 
     // 16-key groups wholly past the last key keep the tile's older keys: scored, and never read
     for (int64_t i = 0; i < kTileKeys; i += 16 * KV) scores_rows<KV>(qs, G, D, tile + i, kTileKeys, s + key + i, lds);
   }
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < G; ++r) scale_row(s + r * lds, scales, keys);
   std::vector<float> denom(G);
   for (int64_t r = 0; r < G; ++r) denom[r] = softmax_row(s + r * lds, keys, keys);
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < G; ++r) scale_row(s + r * lds, scales + lds, keys);
   // V in spans of rows that follow each other in memory (a block, or blocks the table placed back to back), each
   // output resuming its chain where the span before left it: the bits of one pass over keys 0..p
   for (int64_t key = 0, span; key < keys; key += span) {

@@ -19,6 +19,10 @@ struct Vec16 {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
   }
+  // 16 int8 as fp32 (exact)
+  SIE_TARGET static Vec16 load(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
   // lane i reads p[offsets[i]]
   SIE_TARGET static Vec16 gather(const float* p, const int32_t* offsets) {
     return {_mm512_i32gather_ps(_mm512_loadu_si512(offsets), p, 4)};
@@ -60,6 +64,11 @@ struct Vec16 {
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+  }
+  SIE_TARGET static Vec16 load(const int8_t* p) {
+    const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
   }
   SIE_TARGET static Vec16 gather(const float* p, const int32_t* offsets) {
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets));
@@ -108,7 +117,7 @@ struct Vec16 {
 
 #if SIE_VEC_BITS == 512
 // dst[j][i] = src[i][j] for a 16 x 16 block (rows ld apart): unpacks, then 128-bit lane shuffles, in registers.
-// `src` fp32, or bf16's raw bits (widened to fp32 as the rows are loaded).
+// `src` fp32, bf16's raw bits or int8 (widened to fp32 as the rows are loaded).
 template <class T>
 SIE_TARGET inline void transpose16x16(const T* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   __m512 r[16], t[16];
