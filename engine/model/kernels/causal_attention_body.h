@@ -5,8 +5,8 @@ namespace SIE_ISA {
 // out[RB, 16*W] = a[RB, k] . b[k, 16*W]: the register block of both halves of attention, one FMA per output
 // element and step of k, in k order. Scores: a = the scaled queries, b = the transposed keys (k = d). Outputs: a =
 // the probabilities, b = the values (k = keys). `resume`: out holds the sums of the k steps before these, and each
-// chain continues from them (an fp32 store and load is exact: the bits of one pass). `b` fp32, or a bf16 pool's
-// values, widened to fp32 as they are loaded (exact: the same chain as over their fp32 copy).
+// chain continues from them (an fp32 store and load is exact: the bits of one pass). `b` fp32, or a bf16 or int8
+// pool's values, widened to fp32 as they are loaded (exact: the same chain as over their fp32 copy).
 template <int RB, int W, class TB>
 SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const TB* b, int64_t ldb, int64_t k, float* out,
                                   int64_t ldo, bool resume = false) {
@@ -73,7 +73,7 @@ SIE_TARGET inline void divide_row(const float* src, float denom, int64_t d, floa
 
 // One query block of one KV head: rows are (position, query head of the group) pairs, `rows` of them (a multiple of
 // RB, padded with zero queries), the last real one at `rows_real`. Scratch: q [rows, D], s [rows, ldk], o [rows, D].
-// `T`: the pool's element (fp32, or bf16's bits).
+// `T`: the pool's element (fp32, bf16's bits or int8; int8 scores and probabilities take their rows' scales).
 template <int RB, int KV, int CV, class T>
 SIE_TARGET void attend_block(const Args<T>& a, int64_t g, int64_t qb, float* qs, float* s, float* os) {
   const int64_t G = a.group, D = a.head_dim;

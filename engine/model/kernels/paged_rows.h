@@ -44,7 +44,6 @@ struct PagedScales {
   int64_t block, block_stride;
 
   float* at(int64_t p) const { return base + table[p / block] * block_stride + p % block; }
-  PagedScales head(int64_t offset) const { return {base + offset, table, block, block_stride}; }
   // positions 0..keys-1 into dst, zeros on to padded
   void gather(int64_t keys, int64_t padded, float* dst) const {
     for (int64_t p = 0; p < keys; ++p) dst[p] = *at(p);
@@ -90,7 +89,7 @@ inline void kv_read_row(const uint16_t* src, int64_t D, float* dst) {
   for (int64_t d = 0; d < D; ++d) dst[d] = kv_float(src[d]);
 }
 
-// k and v: one layer's pools [num_blocks, Hkv, B, D], both fp32 or both bf16, features contiguous, with the same
+// k and v: one layer's pools [num_blocks, Hkv, B, D], both of one dtype, features contiguous, with the same
 // sizes and strides (one address computation serves both); B a multiple of 16, so no 16-key group crosses a block.
 inline void check_pools(const char* op, const at::Tensor& k, const at::Tensor& v, int64_t D) {
   TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16 || k.scalar_type() == at::kChar) &&
