@@ -100,11 +100,11 @@ def _simulated(rounding: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[Non
     def rounded_decode(q, k, v, *args, **kwargs):
         return decode(q, rounding(k), rounding(v), *args, **kwargs)
 
-    KVCache.write, fused_decoder.decode_attention = rounded_write, rounded_decode  # type: ignore[method-assign]
+    KVCache.write, fused_decoder.decode_attention = rounded_write, rounded_decode
     try:
         yield
     finally:
-        KVCache.write, fused_decoder.decode_attention = write, decode  # type: ignore[method-assign]
+        KVCache.write, fused_decoder.decode_attention = write, decode
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
