@@ -63,7 +63,7 @@ class EngineConfig:
     max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
     kv_budget_tokens: int | None = None  # KV memory in positions, the prefix cache's included (None: slots x len)
     kv_memory: int | float | None = None  # KV memory in bytes, or a fraction of free memory: sets kv_budget_tokens
-    kv_cache_dtype: str = "auto"  # K/V stored as: auto (the activations' dtype) or bfloat16 (engine.model.kv_cache)
+    kv_cache_dtype: str = "auto"  # K/V stored as: auto (the activations' dtype), bfloat16 or int8 (model.kv_cache)
     prefix_cache_tokens: int = 8192  # at most this much of it keeps past prompts for reuse (0: off); yields to running
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
     grammar_budget_s: float = 5.0  # the longest a request's grammar may compile before it is refused (400)

@@ -9,8 +9,8 @@ the blocks in use rather than rows of the longest length, and sequences that sta
 each block in place, in the order of a contiguous row.
 
 The kernels take fp32 activations on the CPU, for head dims that are a multiple of 64 (SmolLM2, Llama, Qwen), and
-pools of fp32 or bf16 (the profile's `kv_cache_dtype`): bf16 K/V are widened to fp32 in registers as they are read.
-The SDPA path widens what it gathers. On a 1.5k-token
+pools of fp32, bf16 or int8 with its scales (the profile's `kv_cache_dtype`): bf16 and int8 K/V are widened to fp32
+in registers as they are read. The SDPA path widens (dequantizes) what it gathers. On a 1.5k-token
 prompt they run 1.3x (causal) to 1.45x (a chunk after a cached prefix) faster than SDPA on the 2-core Xeon. A
 query's output has the same bits whatever the chunking, the cached prefix, the batch, and whether a prefill or a
 decode step computes it (the kernel's header says why).
