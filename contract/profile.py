@@ -70,6 +70,10 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("kv_memory", "memory", None, "engine", "KV memory in bytes (`1GiB`, `512MiB`, `2000000000`) or as a "
               "fraction of the device's free memory once the weights are loaded (`0.9`); sets `kv_budget_tokens` "
               "from the model's K/V bytes a token ([kv-memory.md](kv-memory.md))", doc_default="unset"),
+    Parameter("kv_cache_dtype", "str", "auto", "engine", "how K/V are stored: `auto` (the activations' dtype), "
+              "`bfloat16` (half fp32's bytes a token: `kv_memory` holds twice the positions) or `int8` (a scale per "
+              "position and KV head: about a quarter; [kv-memory.md](kv-memory.md))",
+              choices=("auto", "bfloat16", "int8")),
     Parameter("prefix_cache_tokens", "int", 8192, "engine", "the most of that memory the prefix cache keeps; it "
               "yields to running requests (0 turns it off)",
               minimum=0),
@@ -134,6 +138,7 @@ class Profile:
     debug_scheduler_invariants: bool
     kv_budget_tokens: int | None
     kv_memory: int | float | None
+    kv_cache_dtype: str
     prefix_cache_tokens: int
     kv_events_endpoint: str | None
     kv_events_replay_endpoint: str | None

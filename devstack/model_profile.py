@@ -58,15 +58,16 @@ def context_length(config: dict[str, Any]) -> int | None:
     return found[0] if found else None
 
 
-def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
-    """K and V of every layer for one position (the engine keeps every layer's positions, windows included)."""
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int, scale_bytes: int = 0) -> int:
+    """K and V of every layer for one position (the engine keeps every layer's positions, windows included);
+    `scale_bytes` beside each KV head's row of values (int8's scale)."""
     text = text_config(config)
     layers = text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers") or 1
     heads = text.get("num_attention_heads") or text.get("n_head") or 1
     kv_heads = text.get("num_key_value_heads") or heads
     hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model") or 0
     head_dim = text.get("head_dim") or (hidden // heads if heads else 0)
-    return max(1, 2 * layers * kv_heads * head_dim * dtype_bytes)
+    return max(1, 2 * layers * kv_heads * (head_dim * dtype_bytes + scale_bytes))
 
 
 def weight_bytes(folder: Path) -> int:
@@ -143,16 +144,18 @@ def _gpu_total_bytes() -> int | None:
 
 
 def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_path: str | None = None,
-           kv_memory_bytes: int | None = None) -> Profile:
-    """The profile of the model in `folder`, served on `kind` ("cpu": fp32, "gpu": bf16)."""
+           kv_memory_bytes: int | None = None, kv_cache_dtype: str = "auto") -> Profile:
+    """The profile of the model in `folder`, served on `kind` ("cpu": fp32, "gpu": bf16), its K/V stored as
+    `kv_cache_dtype` says (`bfloat16`: 2 bytes a value on either kind, `int8`: 1 and a 4-byte scale a row of
+    head_dim values, so the budget holds more tokens)."""
     folder = folder.resolve()
     config = _read_json(folder / "config.json")
     if not config:
         raise ValueError(f"{folder} has no config.json: not a Hugging Face model folder")
     served = served_name(folder, config, name)
     notes = []
-    dtype_bytes = 4 if kind == "cpu" else 2
-    per_token = kv_bytes_per_token(config, dtype_bytes)
+    dtype_bytes = 1 if kv_cache_dtype == "int8" else 4 if kind == "cpu" and kv_cache_dtype == "auto" else 2
+    per_token = kv_bytes_per_token(config, dtype_bytes, 4 if kv_cache_dtype == "int8" else 0)
     kv_memory = kv_memory_bytes or available_kv_memory(kind, weight_bytes(folder))
     memory_tokens = max(256, kv_memory // per_token // 16 * 16)
     declared = context_length(config)
@@ -196,4 +199,6 @@ def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_pa
         "lora_paths": "{}",
         "default_sampling": json.dumps(default_sampling(folder)),
     }
+    if kv_cache_dtype != "auto":
+        parameters["kv_cache_dtype"] = kv_cache_dtype
     return Profile(served, parameters, notes)

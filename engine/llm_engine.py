@@ -26,7 +26,7 @@ from engine.inputs.tool_grammar import forced_tool_grammar
 from engine.inputs.vision import VisionPrompter
 from engine.lora_runtime import LoraLimits, LoraRuntime, requests_info
 from engine.model.decoder import Decoder
-from engine.model.kv_cache import kv_tokens_for
+from engine.model.kv_cache import kv_dtype_for, kv_tokens_for
 from engine.model.loading import load_model
 from engine.model.lora import load_adapters
 from engine.model.selection import build_decoder
@@ -68,6 +68,7 @@ class EngineConfig:
     max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
     kv_budget_tokens: int | None = None  # KV memory in positions, the prefix cache's included (None: slots x len)
     kv_memory: int | float | None = None  # KV memory in bytes, or a fraction of free memory: sets kv_budget_tokens
+    kv_cache_dtype: str = "auto"  # K/V stored as: auto (the activations' dtype), bfloat16 or int8 (model.kv_cache)
     prefix_cache_tokens: int = 8192  # at most this much of it keeps past prompts for reuse (0: off); yields to running
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
     grammar_budget_s: float = 5.0  # the longest a request's grammar may compile before it is refused (400)
@@ -147,13 +148,15 @@ class LLMEngine:
         paths = config.lora_paths or {}
         adapters = load_adapters(model, paths, decoder.dtype) if isinstance(decoder, Decoder) \
             else decoder.load_adapters(paths)
-        if config.kv_memory is not None:  # bytes, or a share of what the weights left free
+        if config.kv_memory is not None:  # bytes, or a share of what the weights left free, at the pool's dtype
             config.kv_budget_tokens = kv_tokens_for(config.kv_memory, decoder.config.num_hidden_layers, decoder.n_kv,
-                                                    decoder.head_dim, decoder.dtype, decoder.device)
+                                                    decoder.head_dim, kv_dtype_for(config.kv_cache_dtype,
+                                                                                   decoder.dtype), decoder.device)
             log.info("KV memory %s: %d positions", config.kv_memory, config.kv_budget_tokens)
         # the KV pool holds the profile's KV memory in blocks (every slot's whole context when it names none)
         kv_blocks = config.kv_budget_tokens // BLOCK_TOKENS + 1 if config.kv_budget_tokens else None
-        self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs, kv_blocks=kv_blocks)
+        self.runner = ModelRunner(decoder, config.max_slots, config.max_len, adapters, graphs, kv_blocks=kv_blocks,
+                                  kv_dtype=config.kv_cache_dtype)
         self.sampler = Sampler(decoder.vocab_size, self._stop_token_ids(model, decoder.config))
         self.kv_events: ZmqPublisher | None = None
         if config.kv_events_endpoint:
@@ -280,11 +283,12 @@ class LLMEngine:
 
     @property
     def cache_config(self) -> dict[str, str]:
-        """vLLM's cache_config_info labels: the KV block size and the number of blocks, and whether prefix caching
-        is on (what KV-aware routers read)."""
+        """vLLM's cache_config_info labels: the KV block size and the number of blocks, whether prefix caching
+        is on, and the profile's `kv_cache_dtype` (what KV-aware routers read)."""
         scheduler = self.core.scheduler
         return {"block_size": str(BLOCK_TOKENS), "num_gpu_blocks": str(scheduler.kv.total_blocks),
-                "enable_prefix_caching": str(scheduler.prefix_cache is not None).lower()}
+                "enable_prefix_caching": str(scheduler.prefix_cache is not None).lower(),
+                "cache_dtype": self.config.kv_cache_dtype}
 
     @property
     def num_waiting(self) -> int:

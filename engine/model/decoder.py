@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention import bf16_supported, chunk_attention, decode_attention, native_supported
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import KVCache, kv_dtype_for
 from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
@@ -101,11 +101,13 @@ class Decoder:
                                                       config.intermediate_size, self.head_dim), self.eps)
         self._build_rope(config, max_len)
 
-    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None) -> KVCache:
+    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None, kv_dtype: str = "auto"
+                  ) -> KVCache:
         """A zeroed KV cache shaped for this model: `slots` rows of up to `max_len` positions, in a pool of
-        `num_blocks` blocks (None: enough for every slot's whole context)."""
+        `num_blocks` blocks (None: enough for every slot's whole context), K/V stored as `kv_dtype` says (the
+        profile's `kv_cache_dtype`; our kernels and the SDPA paths read either)."""
         return KVCache(len(self.layers), slots, self.n_kv, max_len, self.head_dim, self.dtype, self.device,
-                       num_blocks)
+                       num_blocks, storage=kv_dtype_for(kv_dtype, self.dtype))
 
     def lora_batch(self, adapters: AdapterTable, token_adapters: list[str | None]) -> LoraBatch:
         """One forward's LoRA rows: `token_adapters` has an entry per row of its activations."""
@@ -240,7 +242,7 @@ class Decoder:
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache.write(i, block, offset, k, v)
             return chunk_attention(q, cache.k[i], cache.v[i], table, start, self.native_attention,
-                                   self.bf16_attention).reshape(n, -1)
+                                   self.bf16_attention, **cache.scales(i)).reshape(n, -1)
 
         normed = self._layers(h, self._rope_at(positions), lora, attend)
         return self.logits(normed[-1:])[0] if sample else None
@@ -321,13 +323,14 @@ class Decoder:
             attn = torch.empty_like(q)
             if decode:
                 attn[:decode] = decode_attention(q[:decode], kk[:decode], vv[:decode], cache.k[i], cache.v[i],
-                                                 decode_tables, decode_positions, self.bf16_attention)
+                                                 decode_tables, decode_positions, self.bf16_attention,
+                                                 **cache.scales(i))
             if bounds[-1] > decode:
                 cache.write(i, block[decode:], offset[decode:], kk[decode:], vv[decode:])
             for row in range(decode, len(chunks)):
                 a, b = bounds[row], bounds[row + 1]
                 attn[a:b] = chunk_attention(q[a:b], cache.k[i], cache.v[i], tables[row], starts[row], native=True,
-                                            bf16=self.bf16_attention)
+                                            bf16=self.bf16_attention, **cache.scales(i))
             return attn.reshape(bounds[-1], -1)
 
         normed = self._layers(h, self._rope_at(positions), lora, attend)
@@ -348,7 +351,7 @@ class Decoder:
 
             def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return decode_attention(q, k, v, cache.k[i], cache.v[i], tables, positions_t,
-                                        self.bf16_attention).reshape(b, -1)
+                                        self.bf16_attention, **cache.scales(i)).reshape(b, -1)
         else:
             group = self.n_heads // self.n_kv
             block, offset = cache.locate(tables, positions_t)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.attention_shape import kv_shape
-from engine.model.kv_cache import KVCache
+from engine.model.kv_cache import KVCache, kv_dtype_for
 from engine.model.linear_kernels import Weight, choose_kind, linear, pack
 from engine.model.support import UnsupportedModel, check_against_own_forward, transformers_path_gaps
 from engine.model.transformers_lora import (
@@ -255,11 +255,13 @@ class TransformersDecoder:
         """`prefill_batch` packs the prompts back to back: one entry per prompt token."""
         return [adapter for prompt, adapter in zip(prompts, adapters, strict=True) for _ in prompt]
 
-    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None) -> KVCache:
+    def new_cache(self, slots: int, max_len: int, num_blocks: int | None = None, kv_dtype: str = "auto"
+                  ) -> KVCache:
         """A zeroed KV cache shaped for this model, every layer: `slots` rows of up to `max_len` positions, in a
-        pool of `num_blocks` blocks (None: enough for every slot's whole context)."""
+        pool of `num_blocks` blocks (None: enough for every slot's whole context), K/V stored as `kv_dtype` says
+        (the profile's `kv_cache_dtype`: rounded as written, widened as gathered)."""
         return KVCache(self.config.num_hidden_layers, slots, self.n_kv, max_len, self.head_dim, self.dtype,
-                       self.device, num_blocks)
+                       self.device, num_blocks, storage=kv_dtype_for(kv_dtype, self.dtype))
 
     @contextlib.contextmanager
     def hf_attention(self) -> Iterator[None]:

@@ -35,13 +35,15 @@ class Span:
 
 class ModelRunner:
     def __init__(self, decoder: AnyDecoder, slots: int, max_len: int, adapters: dict[str, Any] | None = None,
-                 cuda_graphs: bool = False, capture: bool | None = None, kv_blocks: int | None = None) -> None:
+                 cuda_graphs: bool = False, capture: bool | None = None, kv_blocks: int | None = None,
+                 kv_dtype: str = "auto") -> None:
         """`cuda_graphs`: replay decode steps from graphs (`capture=False` runs the same padded, bucketed
         step eagerly, which is how the CPU tests check it; None: capture on CUDA). `kv_blocks`: the KV pool's
-        blocks, the null block included (None: every slot's whole context)."""
+        blocks, the null block included (None: every slot's whole context). `kv_dtype`: the profile's
+        `kv_cache_dtype`."""
         self.decoder = decoder
         self.device = decoder.device
-        self.cache: KVCache = decoder.new_cache(slots, max_len, kv_blocks)
+        self.cache: KVCache = decoder.new_cache(slots, max_len, kv_blocks, kv_dtype)
         # served adapter name -> what the decoder's LoRA rows need (engine.model.lora, .transformers_lora)
         self.adapters: dict[str, Any] = adapters if adapters is not None else {}
         self.graphs = DecodeGraphs(self._graph_step, slots, max_len, self.cache.max_blocks, decoder.hidden_size,

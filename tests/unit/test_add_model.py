@@ -64,6 +64,21 @@ def test_limits_come_from_the_config_and_the_kv_memory(tmp_path):
     gpu = add_model(path, tmp_path / "c", kind="gpu", kv_memory_bytes=1 << 20)
     assert "kind: KIND_GPU" in (gpu / "config.pbtxt").read_text()
     assert int(parameters(gpu)["kv_budget_tokens"]) == 4096  # bf16: half the bytes a token
+    assert "kv_cache_dtype" not in parameters(gpu)  # auto: the activations' dtype
+
+
+def test_a_narrower_kv_cache_holds_more_tokens_on_the_cpu(tmp_path):
+    path = folder(tmp_path)
+    fp32 = parameters(add_model(path, tmp_path / "a", kv_memory_bytes=1 << 20))
+    bf16 = parameters(add_model(path, tmp_path / "b", kv_memory_bytes=1 << 20, kv_cache_dtype="bfloat16"))
+    assert bf16["kv_cache_dtype"] == "bfloat16" and "kv_cache_dtype" not in fp32
+    assert int(bf16["kv_budget_tokens"]) == 2 * int(fp32["kv_budget_tokens"]) == 4096
+    # int8: 2 layers x 2 KV heads x K and V x (16 values + a 4-byte scale) = 160 B a token
+    int8 = parameters(add_model(path, tmp_path / "c", kv_memory_bytes=1 << 20, kv_cache_dtype="int8"))
+    assert int8["kv_cache_dtype"] == "int8" and int(int8["kv_budget_tokens"]) == (1 << 20) // 160 // 16 * 16
+    assert main([str(path), "--repository", str(tmp_path / "cli"), "--name", "x/y", "--kv-cache-dtype",
+                 "bfloat16"]) == 0
+    assert parameters(tmp_path / "cli" / "x_y")["kv_cache_dtype"] == "bfloat16"
 
 
 def test_turn_end_stop_tokens_from_generation_config_and_the_templates_marker(tmp_path):
@@ -115,8 +130,9 @@ def test_the_command_line_writes_the_folder_and_refuses_a_non_model(tmp_path, ca
 
 def test_make_serve_picks_model_then_model_repository_then_the_default(tmp_path):
     path = folder(tmp_path)
-    repo = model_repository({"MODEL": str(path), "SERVED_NAME": "me/mine"}, build_dir=tmp_path / "build")
+    repo = model_repository({"MODEL": str(path), "SERVED_NAME": "me/mine", "KV_CACHE_DTYPE": "bfloat16"},
+                            build_dir=tmp_path / "build")
     (only,) = [p for p in repo.iterdir() if p.is_dir()]
-    assert parameters(only)["served_name"] == "me/mine"
+    assert parameters(only)["served_name"] == "me/mine" and parameters(only)["kv_cache_dtype"] == "bfloat16"
     assert model_repository({"MODEL_REPOSITORY": str(tmp_path)}) == tmp_path.resolve()
     assert model_repository({}).name == "model_repository"

@@ -149,9 +149,11 @@ def test_only_for_bf16_weights_and_not_when_fp32_attention_is_asked(monkeypatch)
 
 
 @torch.inference_mode()
-def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch):
+@pytest.mark.parametrize("kv", ["auto", "bfloat16", "int8"])
+def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch, kv):
     """bf16 weights on the tiled kernel: the attention multiplies bf16 in prefill and decode alike, so every op of the
-    forward is row-invariant and the bits cannot depend on the chunking, the prefix cache or the batch."""
+    forward is row-invariant and the bits cannot depend on the chunking, the prefix cache or the batch; with the KV
+    cache in fp32 (`auto`), bf16 or int8 alike."""
     from engine.model.decoder import Decoder
 
     monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
@@ -160,9 +162,31 @@ def test_mixed_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decod
     reference = tiny_llama(**shape)
     dec = Decoder(tiny_llama(**shape).to(torch.bfloat16), max_len=256)
     assert dec.bf16_attention and dec.dtype == torch.float32
-    cache = dec.new_cache(3, 256)
+    cache = dec.new_cache(3, 256, kv_dtype=kv)
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     whole = dec.prefill(cache, 0, prompt, 0)
     ref = reference(torch.tensor([prompt])).logits[0, -1]
     assert (whole - ref).norm() / ref.norm() < 2e-2  # the fp32 model's logits, up to bf16 products
     assert_same_logits_chunked_cached_batched_or_decoded(dec, cache, prompt, whole)
+
+
+@torch.inference_mode()
+def test_a_bf16_kv_cache_costs_the_mixed_mode_no_bit(monkeypatch):
+    """The products round K and V to bf16 as they read an fp32 pool, as a bf16 pool's write rounds them: half the
+    KV bytes, the same logits, prefill and decode."""
+    from engine.model.decoder import Decoder
+
+    monkeypatch.setenv("SIE_LINEAR_KERNEL", "tiled")
+    shape = dict(hidden_size=192, intermediate_size=256, num_attention_heads=3, num_key_value_heads=1,
+                 max_position_embeddings=256)
+    dec = Decoder(tiny_llama(**shape).to(torch.bfloat16), max_len=256)
+    assert dec.bf16_attention
+    fp32, bf16 = dec.new_cache(2, 256), dec.new_cache(2, 256, kv_dtype="bfloat16")
+    assert bf16.k.dtype == torch.bfloat16 and 2 * bf16.bytes_per_token() == fp32.bytes_per_token()
+    prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    assert torch.equal(dec.prefill(bf16, 0, prompt, 0), dec.prefill(fp32, 0, prompt, 0))
+    tokens, positions = torch.tensor([5, 9]), torch.tensor([150, 151])
+    dec.prefill(bf16, 1, prompt + [3], 0)
+    dec.prefill(fp32, 1, prompt + [3], 0)
+    stepped = [dec.logits(dec.decode_hidden(c, tokens, positions, span=152)) for c in (bf16, fp32)]
+    assert torch.equal(stepped[0], stepped[1])

@@ -190,11 +190,13 @@ def _tiny_llama():
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("kv", ["auto", "bfloat16", "int8"])
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
-def test_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch, weights):
+def test_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(monkeypatch, weights, kv):
     """With the tiled linears (row-invariant too) every op of the forward is: the bits cannot depend on the
     chunking, the prefix cache or the batch. bf16 weights (where the CPU has AVX512_BF16): the decoder's mixed mode,
-    fp32 activations and KV cache, with this fp32 attention kernel (a CPU without AMX; forced on one with it)."""
+    fp32 activations, with this fp32 attention kernel (a CPU without AMX; forced on one with it). The KV cache in
+    fp32 (`auto`), bf16 or int8, which the kernel widens as it reads it: the guarantees hold within each."""
     from engine.model.decoder import Decoder
     from engine.model.tiled_linear import runs
 
@@ -206,11 +208,14 @@ def test_decoder_logits_are_the_same_whole_chunked_cached_batched_or_decoded(mon
     dec = Decoder(_tiny_llama().to(getattr(torch, weights)), max_len=256)
     assert dec.native_attention and not dec.bf16_attention and dec.linear_kind == "tiled"
     assert dec.dtype == torch.float32 and dec.weight_dtype == getattr(torch, weights)
-    cache = dec.new_cache(3, 256)
+    cache = dec.new_cache(3, 256, kv_dtype=kv)
+    assert cache.k.dtype == {"auto": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}[kv]
     prompt = torch.randint(0, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     whole = dec.prefill(cache, 0, prompt, 0)
     ref = model(torch.tensor([prompt])).logits[0, -1]
-    if weights == "float32":
+    if kv != "auto":  # K/V rounded to 16 or 8 bits: close to the fp32 model's logits, not its bits
+        assert (whole - ref).norm() / ref.norm() < 2e-2
+    elif weights == "float32":
         torch.testing.assert_close(whole, ref, rtol=1e-4, atol=1e-4)
     else:  # the fp32 model's logits, up to bf16 products
         assert (whole - ref).norm() / ref.norm() < 2e-2

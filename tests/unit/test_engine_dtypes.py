@@ -10,6 +10,8 @@ where the CPU has native bf16).
   results there depend on how many rows share the step's GEMMs, and rounding to bf16 turns those last-bit
   differences into other tokens: with the prefix cache off, 4 prompts of 24 tokens alone against batched, 1
   differed greedy, 3 seeded.
+- Each of them with the KV cache in bf16 (`kv_cache_dtype: bfloat16`) too, and fp32 with it in int8: K/V rounded
+  once as they are written, the same two guarantees within that KV dtype.
 """
 
 from __future__ import annotations
@@ -27,15 +29,23 @@ from .engine_run import generate_all, joined_text  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def add(a, b):",
            "List three primary colours:"]
-DTYPES = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not native_bf16(), reason="bf16 is served only where the CPU has native bf16 (avx512_bf16 or AMX)"))]
+_NO_BF16 = pytest.mark.skipif(not native_bf16(),
+                              reason="bf16 is served only where the CPU has native bf16 (avx512_bf16 or AMX)")
+# (weights' dtype, kv_cache_dtype)
+DTYPES = [("float32", "auto"), ("float32", "bfloat16"), ("float32", "int8"), pytest.param(("bfloat16", "auto"),
+                                                                                          marks=_NO_BF16),
+          pytest.param(("bfloat16", "bfloat16"), marks=_NO_BF16)]
 
 
-@pytest.fixture(scope="module", params=DTYPES)
+@pytest.fixture(scope="module", params=DTYPES, ids="-kv-".join)
 def engine(request):
     _require_model()
-    eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=4, max_len=256, threads=2, dtype=request.param,
-                                 prefix_cache_tokens=1024))
+    dtype, kv = request.param
+    eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=4, max_len=256, threads=2, dtype=dtype,
+                                 prefix_cache_tokens=1024, kv_cache_dtype=kv))
+    activations = eng.runner.decoder.dtype  # fp32 in the mixed mode, bf16 on oneDNN
+    assert eng.runner.cache.k.dtype == {"auto": activations, "bfloat16": torch.bfloat16, "int8": torch.int8}[kv]
+    assert eng.cache_config["cache_dtype"] == kv
     eng.start()
     yield eng
     eng.stop()

@@ -89,6 +89,7 @@ def test_an_unknown_key_is_named_with_the_closest_known_one():
     ("reasoning", "yes", "not true or false"),
     ("cuda_graphs", "off", "not true or false"),
     ("dtype", "fp8", "not one of"),
+    ("kv_cache_dtype", "float32", "not one of"),
     ("model_impl", "vllm", "not one of"),
     ("grammar_kinds", "json_schema,xml", "'xml' is not one of"),
     ("lora_paths", "{", "not valid JSON"),
@@ -123,17 +124,19 @@ def test_the_engine_config_comes_from_the_typed_profile(tmp_path, monkeypatch):
     profile = engine_profile({
         "hf_model": "m", "served_name": "a/b", "context_length": "512", "cuda_graphs": "false", "threads": "2",
         "burst_quiet_ms": "1.5", "lora_paths": '{"x": "/abs/x", "y": "rel"}', "chat_template": "turns.jinja",
-        "stop_tokens": "<end>,<eot>", "max_loras": "3", "kv_events_endpoint": "tcp://*:5557"})
+        "stop_tokens": "<end>,<eot>", "max_loras": "3", "kv_events_endpoint": "tcp://*:5557",
+        "kv_cache_dtype": "bfloat16"})
     config = engine_config(profile, model_dir=str(tmp_path), triton_name="t", device="cpu", pod="pod-1")
     assert config.model_path == str(tmp_path / "cache" / "m") and config.max_len == 512
     assert (config.cuda_graphs, config.threads, config.burst_quiet_ms, config.max_loras) == (False, 2, 1.5, 3)
     assert config.lora_paths == {"x": "/abs/x", "y": str(tmp_path / "cache" / "rel")}
     assert config.chat_template == "{{ messages }}" and config.stop_tokens == ["<end>", "<eot>"]
     assert config.kv_events_endpoint == "tcp://*:5557" and config.kv_events_topic == "kv@pod-1@a/b"
+    assert config.kv_cache_dtype == "bfloat16"
     defaults = engine_config(engine_profile({"hf_model": "/m"}), model_dir=str(tmp_path), triton_name="t",
                              device="cpu", pod="p")
     assert (defaults.max_slots, defaults.kv_budget_tokens, defaults.chat_template, defaults.stop_tokens,
-            defaults.kv_events_topic) == (64, None, None, None, "kv@p@t")
+            defaults.kv_events_topic, defaults.kv_cache_dtype) == (64, None, None, None, "kv@p@t", "auto")
 
 
 def test_the_engine_refuses_a_bad_key_before_building_its_config():

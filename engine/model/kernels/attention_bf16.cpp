@@ -1,12 +1,14 @@
 // Causal attention with bf16 products, for the bf16 profile's mixed mode on CPUs with AVX512_BF16, where the
-// activations and the KV cache stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a
-// prefill chunk, a decode step), the same arguments (a layer's paged KV pools [num_blocks, Hkv, B, D] and block
-// tables), fp32 in and out. The products run on AMX tiles where the CPU has AMX, on vdpbf16ps otherwise
+// activations stay fp32 (engine.model.decoder): the same two calls as causal_attention.cpp (a prefill chunk, a
+// decode step), the same arguments (a layer's paged KV pools [num_blocks, Hkv, B, D], fp32 or bf16, and block
+// tables), fp32 in and out. A bf16 pool's keys and values go into the products as they are; an fp32 pool's are
+// rounded to bf16 as they are read, the same nearest-even rounding a bf16 pool's write applies, so a bf16 pool
+// costs this mode no accuracy (subnormal values aside, which the two conversions may treat apart). The products run on AMX tiles where the CPU has AMX, on vdpbf16ps otherwise
 // (attention_bf16_products.h).
 //
 // Why: in a bf16 prefill the linears run at bf16's rate and the fp32 attention kernel became half the time (330 of
 // 620 ms on a 1.5k-token prompt, 2-core Xeon; 530 of 1,600 ms on the AVX-512 EPYC). Here Q.K^T and P.V multiply
-// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from the fp32 pool, and P,
+// bf16 pairs: Q is scaled then rounded to bf16, K and V are rounded as they are read from an fp32 pool, and P,
 // an fp32 softmax's exps, is rounded before it multiplies V; every product adds into fp32.
 //
 // The guarantees of causal_attention.cpp hold: a query's output depends only on its own q and keys 0..its position,
@@ -48,118 +50,21 @@ constexpr int64_t kKeyBlock = 32;   // keys per P.V tile step (16 pairs), and th
 constexpr int64_t kBlockRows = 64;  // a prefill work item's query rows (position x head of the group), 4 row tiles
 
 // Per-thread scratch (scratch.h)
-enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kCount };
+enum class Scratch { kKeys, kValues, kQueries, kScores, kProbs, kOutputs, kDenominators, kScales, kCount };
 
-// 16 fp32 -> 16 bf16 (nearest even)
-SIE_AMX inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
-
-// Keys first..end-1 of one head (first a multiple of 16; those from `keys` on zero) as Q.K^T's B tiles:
-// [(end - first) / 16][D / 2][16] dwords, dword (i, j) of a 16-key group the bf16 pair (k[j][2i], k[j][2i + 1]).
-SIE_AMX void pack_keys(const PagedRows& k, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
-  alignas(64) uint32_t rows[16 * 128];  // 16 keys x D / 2 pairs (D <= 256)
-  for (int64_t group = first; group < end; group += 16) {
-    const float* src = group < keys ? k.row(group) : nullptr;  // the group's rows, in one pool block
-    for (int64_t j = 0; j < 16; ++j) {
-      uint32_t* row = rows + j * (D / 2);
-      if (group + j >= keys) {
-        std::fill(row, row + D / 2, 0u);
-        continue;
-      }
-      for (int64_t d = 0; d < D; d += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2),
-                            to_bf16(_mm512_loadu_ps(src + j * k.pos_stride + d)));
-    }
-    uint32_t* out = dst + (group - first) * (D / 2);
-    for (int64_t i = 0; i < D / 2; i += 16)  // dwords move as floats: the transpose only shuffles bits
-      avx512::transpose16x16(reinterpret_cast<const float*>(rows + i), D / 2, reinterpret_cast<float*>(out + i * 16), 16);
-  }
-}
-
-// Values first..end-1 of one head (first a multiple of 32; those from `keys` on zero) as P.V's B tiles:
-// [(end - first) / 32][D / 16][16][16] dwords, dword (p, c) of a 32-key block and 16-column group the bf16 pair
-// (v[2p][c], v[2p + 1][c]); zero keys up to end (P is zero there, and zero times the pool's stale values could be a
-// NaN). A pair lies in one 16-key group; a block's two groups are looked up apart (with B = 16, two pool blocks).
-SIE_AMX void pack_values(const PagedRows& v, int64_t first, int64_t keys, int64_t end, int64_t D, uint32_t* dst) {
-  for (int64_t block = first; block < end; block += kKeyBlock) {
-    const float* groups[2] = {block < keys ? v.row(block) : nullptr, block + 16 < keys ? v.row(block + 16) : nullptr};
-    const auto row = [&](int64_t key) { return groups[(key - block) / 16] + (key - block) % 16 * v.pos_stride; };
-    for (int64_t c = 0; c < D; c += 16) {
-      uint32_t* tile = dst + ((block - first) / kKeyBlock * (D / 16) + c / 16) * 256;
-      for (int64_t p = 0; p < 16; ++p) {
-        const int64_t even = block + 2 * p, odd = even + 1;
-        const __m256i e = even < keys ? to_bf16(_mm512_loadu_ps(row(even) + c)) : _mm256_setzero_si256();
-        const __m256i o = odd < keys ? to_bf16(_mm512_loadu_ps(row(odd) + c)) : _mm256_setzero_si256();
-        const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(e), _mm512_slli_epi32(_mm512_cvtepu16_epi32(o), 16));
-        _mm512_storeu_si512(tile + p * 16, pair);
-      }
-    }
-  }
-}
-
-// One query row, scaled and rounded: dst[D] bf16
-SIE_AMX inline void pack_query(const float* q, float scale, int64_t D, uint16_t* dst) {
-  for (int64_t d = 0; d < D; d += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), to_bf16(_mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_set1_ps(scale))));
-}
-
-// exp(x) for x <= 0 to about 4e-5 (the exps are rounded to bf16, 2^-9, next): 2^n * p(r), r = x - n ln2 in
-// [-0.35, 0.35], p Taylor's to r^4, 2^n by vscalefps (exact, and 0 far below the normal range). Half the
-// instructions of vec16.h's fp32 exp, and the exp was half of a prefill chunk's attention.
-SIE_AMX inline __m512 exp_to_bf16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945309f), x);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 24), r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// exp(s[at..at+16) - top), the lanes outside `keep` zero, stored to p as bf16; returns the fp32 exps
-SIE_AMX inline __m512 exps(const float* s, __m512 top, int64_t at, __mmask16 keep, uint16_t* p) {
-  const __m512 e = _mm512_maskz_mov_ps(keep, exp_to_bf16(_mm512_sub_ps(_mm512_loadu_ps(s + at), top)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + at), to_bf16(e));
-  return e;
-}
-
-// A row's scores s[0..valid) become bf16 exps p[0..end) (exact zeros from valid on); returns the exps' fp32 sum.
-// Vector j of the row (keys 16j..16j+15) adds into accumulator j % 4, so four chains run at once, in an order
-// fixed by the key positions alone; the zeros past valid would add nothing, so they are not added. Whole vectors
-// of valid keys need no mask; only the one that straddles `valid` does.
-SIE_AMX float softmax_to_bf16(const float* s, int64_t valid, int64_t end, uint16_t* p) {
-  const int64_t whole = valid / 16 * 16;
-  __m512 m[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
-                 _mm512_set1_ps(-INFINITY)};
-  int64_t key = 0;
-  for (; key + 64 <= whole; key += 64)
-    for (int j = 0; j < 4; ++j) m[j] = _mm512_max_ps(m[j], _mm512_loadu_ps(s + key + 16 * j));
-  for (; key < whole; key += 16) m[0] = _mm512_max_ps(m[0], _mm512_loadu_ps(s + key));
-  if (whole < valid)
-    m[1] = _mm512_max_ps(m[1], _mm512_mask_loadu_ps(m[1], static_cast<__mmask16>((1u << (valid - whole)) - 1),
-                                                    s + whole));
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]),
-                                                                       _mm512_max_ps(m[2], m[3]))));
-  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (key = 0; key + 64 <= whole; key += 64)
-    for (int j = 0; j < 4; ++j) sum[j] = _mm512_add_ps(sum[j], exps(s, top, key + 16 * j, 0xFFFF, p));
-  for (int j = 0; key < valid; key += 16, ++j) {  // at most 3 whole vectors and the partial one: j < 4
-    const __m512 e = exps(s, top, key, key + 16 <= valid ? 0xFFFF : static_cast<__mmask16>((1u << (valid - key)) - 1), p);
-    sum[j] = _mm512_add_ps(sum[j], e);
-  }
-  for (; key < end; key += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + key), _mm256_setzero_si256());
-  return avx512::fold_add(Vec16{_mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]))});
-}
+#include "attention_bf16_steps.h"
 
 // The rows of one work item: q [rows, D] bf16 (rows a multiple of 16, zero rows past the real ones), against keys
 // 0..key_end-1 of the packed kt / vt (key_end a multiple of 32). Row r is query head r % group of the item's KV
 // head at position r / group from its first: it sees keys 0..first_valid + r / group - 1, and its output, divided by
 // its denominator, goes to out + (r / group) * out_row + (r % group) * D. Scratch: s [rows, key_end] fp32, p [rows,
 // key_end] bf16, o [rows, D].
-// `amx`: the products on AMX tiles (all `rows`), else on vdpbf16ps (the real rows alone).
+// `amx`: the products on AMX tiles (all `rows`), else on vdpbf16ps (the real rows alone). `ks`, `vs`: an int8
+// pool's keys' and values' scales [key_end] (else null): each score times its key's, each exp times its value's
+// before it is rounded for P.V (the denominator sums the unscaled exps).
 SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int64_t D, const uint32_t* kt,
                          const uint32_t* vt, int64_t key_end, int64_t group, int64_t first_valid, float* out,
-                         int64_t out_row, bool amx) {
+                         int64_t out_row, bool amx, const float* ks = nullptr, const float* vs = nullptr) {
   float* s = scratch<float>(Scratch::kScores, rows * key_end);
   uint16_t* p = scratch<uint16_t>(Scratch::kProbs, rows * key_end);
   float* o = scratch<float>(Scratch::kOutputs, rows * D);
@@ -167,10 +72,16 @@ SIE_AMX void attend_rows(const uint16_t* q, int64_t rows, int64_t rows_real, int
     scores_amx(q, rows, D, kt, key_end, s);
   else
     scores_dot(q, rows_real, D, kt, key_end, s);
+  if (ks)
+    for (int64_t r = 0; r < rows_real; ++r)
+      for (int64_t key = 0; key < key_end; key += 16)
+        _mm512_storeu_ps(s + r * key_end + key,
+                         _mm512_mul_ps(_mm512_loadu_ps(s + r * key_end + key), _mm512_loadu_ps(ks + key)));
   float* denom = scratch<float>(Scratch::kDenominators, rows_real);
   for (int64_t r = 0; r < rows; ++r) {
     if (r < rows_real)
-      denom[r] = softmax_to_bf16(s + r * key_end, first_valid + r / group, key_end, p + r * key_end);
+      denom[r] = vs ? softmax_to_bf16<true>(s + r * key_end, first_valid + r / group, key_end, p + r * key_end, vs)
+                    : softmax_to_bf16<false>(s + r * key_end, first_valid + r / group, key_end, p + r * key_end, vs);
     else
       std::fill(p + r * key_end, p + (r + 1) * key_end, uint16_t(0));
   }
@@ -188,16 +99,37 @@ void check_common(const at::Tensor& q, int64_t D) {
   TORCH_CHECK(D % 32 == 0 && D <= 256, "attention_bf16: head_dim a multiple of 32, at most 256");
 }
 
+// Every KV head's keys 0..keys-1 and values packed (pack_keys, pack_values), in 32-key blocks across both cores
+template <class T>
+void pack_heads(const at::Tensor& k, const at::Tensor& v, const at::Tensor& entries, int64_t keys, int64_t keys_pad,
+                uint32_t* kt, uint32_t* vt) {
+  const int64_t hkv = k.size(1), D = k.size(3), block = k.size(2), blocks = keys_pad / kKeyBlock;
+  const PagedRowsOf<T> k_rows{pool_data<T>(k), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
+  const PagedRowsOf<T> v_rows{pool_data<T>(v), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)};
+  at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, end = first + kKeyBlock;
+      const int64_t offset = g * keys_pad * D / 2 + first * D / 2;
+      pack_keys(k_rows.head(g * k.stride(1)), first, keys, end, D, kt + offset);
+      pack_values(v_rows.head(g * v.stride(1)), first, keys, end, D, vt + offset);
+    }
+  });
+}
+
 // causal_attention.cpp's causal_attention with bf16 products: q [n, Hq, D] for positions start..start+n-1, k and
 // v the layer's pools [num_blocks, Hkv, B, D] (the chunk's own keys written), `table` the sequence's block table
 // (int64, covering keys 0..start+n-1) -> [n, Hq, D].
+using Scales = c10::optional<at::Tensor>;  // an int8 pool's, [num_blocks, Hkv, B] (paged_rows.h)
+
 at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const at::Tensor& table, int64_t start, double scale) {
+                                const at::Tensor& table, int64_t start, double scale, const Scales& k_scale,
+                                const Scales& v_scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
               "causal_attention_bf16: q [n, Hq, D], k/v pools [num_blocks, Hkv, B, D]");
   const int64_t n = q.size(0), hq = q.size(1), D = q.size(2), hkv = k.size(1), block = k.size(2), keys = start + n;
   check_common(q, D);
   check_pools("causal_attention_bf16", k, v, D);
+  check_scales("causal_attention_bf16", k, k_scale, v_scale);
   TORCH_CHECK(hq % hkv == 0, "causal_attention_bf16: query heads a multiple of KV heads");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "causal_attention_bf16: rows of contiguous heads");
   const int64_t used = (keys + block - 1) / block;
@@ -209,20 +141,25 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   if (n == 0) return out;
   const int64_t keys_pad = round_up(keys, kKeyBlock), group = hq / hkv;
   const bool amx = has_amx();
-  const PagedRows k_rows{k.data_ptr<float>(), entries.data_ptr<int64_t>(), block, k.stride(0), k.stride(2)};
-  const PagedRows v_rows{v.data_ptr<float>(), entries.data_ptr<int64_t>(), block, v.stride(0), v.stride(2)};
   // every KV head's keys and values packed once, in 32-key blocks across both cores
   uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, hkv * keys_pad * D / 2);
   uint32_t* vt = scratch<uint32_t>(Scratch::kValues, hkv * keys_pad * D / 2);
-  const int64_t blocks = keys_pad / kKeyBlock;
-  at::parallel_for(0, hkv * blocks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t g = i / blocks, first = i % blocks * kKeyBlock, end = first + kKeyBlock;
-      const int64_t offset = g * keys_pad * D / 2 + first * D / 2;
-      pack_keys(k_rows.head(g * k.stride(1)), first, keys, end, D, kt + offset);
-      pack_values(v_rows.head(g * v.stride(1)), first, keys, end, D, vt + offset);
-    }
-  });
+  float* scales = nullptr;  // an int8 pool's: every head's keys' then values' scales, gathered once
+  if (k.scalar_type() == at::kBFloat16) {
+    pack_heads<uint16_t>(k, v, entries, keys, keys_pad, kt, vt);
+  } else if (k.scalar_type() == at::kChar) {
+    pack_heads<int8_t>(k, v, entries, keys, keys_pad, kt, vt);
+    scales = scratch<float>(Scratch::kScales, 2 * hkv * keys_pad);
+    for (int64_t g = 0; g < hkv; ++g)
+      for (int64_t i = 0; i < 2; ++i) {
+        const at::Tensor& pool = i == 0 ? *k_scale : *v_scale;
+        const PagedScales rows{pool.data_ptr<float>() + g * pool.stride(1), entries.data_ptr<int64_t>(), block,
+                               pool.stride(0)};
+        rows.gather(keys, keys_pad, scales + (i * hkv + g) * keys_pad);
+      }
+  } else {
+    pack_heads<float>(k, v, entries, keys, keys_pad, kt, vt);
+  }
   const int64_t block_positions = std::max<int64_t>(1, kBlockRows / group);
   const int64_t q_blocks = (n + block_positions - 1) / block_positions;
   const float* qp = q.data_ptr<float>();
@@ -242,11 +179,60 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
       std::fill(qs + rows_real * D, qs + rows * D, uint16_t(0));
       const int64_t key_end = round_up(start + first + positions, kKeyBlock);
       attend_rows(qs, rows, rows_real, D, kt + g * keys_pad * D / 2, vt + g * keys_pad * D / 2, key_end, group,
-                  start + first + 1, op + (first * hq + g * group) * D, hq * D, amx);
+                  start + first + 1, op + (first * hq + g * group) * D, hq * D, amx,
+                  scales ? scales + g * keys_pad : nullptr, scales ? scales + (hkv + g) * keys_pad : nullptr);
     }
     if (amx) release_tiles();
   });
   return out;
+}
+
+// decode_attention_bf16's work over pools of T, once the arguments are checked. A bf16 pool's new key and value are
+// rounded as they are written, as a prefill's write through torch rounds them (paged_rows.h).
+template <class T>
+void run_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                const at::Tensor& v_cache, const at::Tensor& tab, const int64_t* pp, double scale,
+                const Scales& k_scale, const Scales& v_scale, at::Tensor& out) {
+  const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
+  const int64_t group = hq / hkv, rows = round_up(group, 16);
+  const bool amx = has_amx();
+  T* kc = pool_data<T>(k_cache);
+  T* vc = pool_data<T>(v_cache);
+  const int64_t* tp = tab.data_ptr<int64_t>();
+  shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
+    if (amx) load_tile_config();
+    for (int64_t w = lo; w < hi; ++w) {
+      const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
+      const int64_t* table = tp + row * tab.stride(0);  // k_cache and v_cache share their strides
+      const PagedRowsOf<T> kh{kc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
+      const PagedRowsOf<T> vh{vc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
+      float* scales = nullptr;  // an int8 pool's: this row's keys' then values' scales [2, key_end]
+      if constexpr (std::is_same_v<T, int8_t>) {
+        const PagedScales ksc{k_scale->data_ptr<float>() + g * k_scale->stride(1), table, block, k_scale->stride(0)};
+        const PagedScales vsc{v_scale->data_ptr<float>() + g * v_scale->stride(1), table, block, v_scale->stride(0)};
+        kv_quantize_row(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p), ksc.at(p));
+        kv_quantize_row(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p), vsc.at(p));
+        scales = scratch<float>(Scratch::kScales, 2 * key_end);
+        ksc.gather(keys, key_end, scales);
+        vsc.gather(keys, key_end, scales + key_end);
+      } else {
+        kv_write_row(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
+        kv_write_row(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
+      }
+      uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
+      uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
+      pack_keys(kh, 0, keys, key_end, D, kt);
+      pack_values(vh, 0, keys, key_end, D, vt);
+      uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
+      for (int64_t r = 0; r < group; ++r)
+        pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
+                   qs + r * D);
+      std::fill(qs + group * D, qs + rows * D, uint16_t(0));
+      attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
+                  hq * D, amx, scales, scales ? scales + key_end : nullptr);
+    }
+    if (amx) release_tiles();
+  });
 }
 
 // causal_attention.cpp's decode_attention with bf16 products: q [rows, Hq, D], the new k and v [rows, Hkv, D], the
@@ -255,7 +241,8 @@ at::Tensor causal_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 // a row writes must be one no other row of the step reads.
 at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& tables,
-                                const at::Tensor& positions, double scale) {
+                                const at::Tensor& positions, double scale, const Scales& k_scale,
+                                const Scales& v_scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4,
               "decode_attention_bf16: q [rows, Hq, D], k/v [rows, Hkv, D], caches: pools [num_blocks, Hkv, B, D]");
   const int64_t b = q.size(0), hq = q.size(1), D = q.size(2), hkv = k_cache.size(1), block = k_cache.size(2);
@@ -263,6 +250,7 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   for (const at::Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(-1) == 1, "decode_attention_bf16: fp32, features contiguous");
   check_pools("decode_attention_bf16", k_cache, v_cache, D);
+  check_scales("decode_attention_bf16", k_cache, k_scale, v_scale);
   TORCH_CHECK(hq % hkv == 0 && k.size(1) == hkv && v.size(1) == hkv && k.size(0) == b && v.size(0) == b,
               "decode_attention_bf16: query heads a multiple of KV heads, one new key and value per row");
   TORCH_CHECK(q.stride(1) == D && k.stride(1) == D && v.stride(1) == D, "decode_attention_bf16: heads contiguous");
@@ -280,42 +268,23 @@ at::Tensor decode_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
   }
   at::Tensor out = at::empty({b, hq, D}, q.options());
   if (b == 0) return out;
-  const int64_t group = hq / hkv, rows = round_up(group, 16);
-  const bool amx = has_amx();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  shared_for(b * hkv, [&](int64_t lo, int64_t hi) {
-    if (amx) load_tile_config();
-    for (int64_t w = lo; w < hi; ++w) {
-      const int64_t row = w / hkv, g = w % hkv, p = pp[row], keys = p + 1, key_end = round_up(keys, kKeyBlock);
-      const int64_t* table = tp + row * tab.stride(0);  // k_cache and v_cache share their strides
-      const PagedRows kh{kc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
-      const PagedRows vh{vc + g * k_cache.stride(1), table, block, k_cache.stride(0), k_cache.stride(2)};
-      std::copy_n(k.data_ptr<float>() + row * k.stride(0) + g * D, D, kh.row(p));
-      std::copy_n(v.data_ptr<float>() + row * v.stride(0) + g * D, D, vh.row(p));
-      uint32_t* kt = scratch<uint32_t>(Scratch::kKeys, key_end * D / 2);
-      uint32_t* vt = scratch<uint32_t>(Scratch::kValues, key_end * D / 2);
-      pack_keys(kh, 0, keys, key_end, D, kt);
-      pack_values(vh, 0, keys, key_end, D, vt);
-      uint16_t* qs = scratch<uint16_t>(Scratch::kQueries, rows * D);
-      for (int64_t r = 0; r < group; ++r)
-        pack_query(q.data_ptr<float>() + row * q.stride(0) + (g * group + r) * D, static_cast<float>(scale), D,
-                   qs + r * D);
-      std::fill(qs + group * D, qs + rows * D, uint16_t(0));
-      attend_rows(qs, rows, group, D, kt, vt, key_end, group, keys, out.data_ptr<float>() + (row * hq + g * group) * D,
-                  hq * D, amx);
-    }
-    if (amx) release_tiles();
-  });
+  if (k_cache.scalar_type() == at::kBFloat16)
+    run_decode<uint16_t>(q, k, v, k_cache, v_cache, tab, pp, scale, k_scale, v_scale, out);
+  else if (k_cache.scalar_type() == at::kChar)
+    run_decode<int8_t>(q, k, v, k_cache, v_cache, tab, pp, scale, k_scale, v_scale, out);
+  else
+    run_decode<float>(q, k, v, k_cache, v_cache, tab, pp, scale, k_scale, v_scale, out);
   return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sie_kernels, m) {
-  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor table, int start, float scale) -> Tensor");
+  m.def("causal_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor table, int start, float scale, "
+        "Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
   m.impl("causal_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(causal_attention_bf16));
   m.def("decode_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor tables, Tensor positions, float scale) -> Tensor");
+        "Tensor tables, Tensor positions, float scale, Tensor(c!)? k_scale=None, Tensor(d!)? v_scale=None) "
+        "-> Tensor");
   m.impl("decode_attention_bf16", c10::DispatchKey::CPU, TORCH_FN(decode_attention_bf16));
 }

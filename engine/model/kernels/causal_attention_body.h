@@ -5,9 +5,10 @@ namespace SIE_ISA {
 // out[RB, 16*W] = a[RB, k] . b[k, 16*W]: the register block of both halves of attention, one FMA per output
 // element and step of k, in k order. Scores: a = the scaled queries, b = the transposed keys (k = d). Outputs: a =
 // the probabilities, b = the values (k = keys). `resume`: out holds the sums of the k steps before these, and each
-// chain continues from them (an fp32 store and load is exact: the bits of one pass).
-template <int RB, int W>
-SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* out,
+// chain continues from them (an fp32 store and load is exact: the bits of one pass). `b` fp32, or a bf16 or int8
+// pool's values, widened to fp32 as they are loaded (exact: the same chain as over their fp32 copy).
+template <int RB, int W, class TB>
+SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const TB* b, int64_t ldb, int64_t k, float* out,
                                   int64_t ldo, bool resume = false) {
   Vec16 acc[RB][W];
   for (int i = 0; i < RB; ++i)
@@ -27,14 +28,14 @@ SIE_TARGET inline void gemm_block(const float* a, int64_t lda, const float* b, i
 // S[RB rows, 16*KV keys] = Q[RB, D] . KT[D, keys]
 template <int RB, int KV>
 SIE_TARGET inline void scores_block(const float* q, int64_t D, const float* kt, int64_t ldkt, float* s, int64_t lds) {
-  gemm_block<RB, KV>(q, D, kt, ldkt, D, s, lds);
+  gemm_block<RB, KV, float>(q, D, kt, ldkt, D, s, lds);
 }
 
 // O[RB rows, 16*CV columns] = P[RB, keys] . V[keys, columns]
-template <int RB, int CV>
-SIE_TARGET inline void values_block(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys, float* o,
+template <int RB, int CV, class TV>
+SIE_TARGET inline void values_block(const float* p, int64_t ldp, const TV* v, int64_t ldv, int64_t keys, float* o,
                                     int64_t ldo, bool resume = false) {
-  gemm_block<RB, CV>(p, ldp, v, ldv, keys, o, ldo, resume);
+  gemm_block<RB, CV, TV>(p, ldp, v, ldv, keys, o, ldo, resume);
 }
 
 // A row of scores becomes exp(s - max) over keys 0..valid-1 and exact zeros from there to key_end (rounded up to
@@ -60,14 +61,21 @@ SIE_TARGET inline float softmax_row(float* row, int64_t valid, int64_t key_end) 
   return fold_add(sum);
 }
 
+// row[0..n) *= scales[0..n), n rounded up to 16 (both hold that much): an int8 pool's scores times their keys'
+// scales, or its exps times their values' scales (the scale of a key or value row factored out of its products)
+SIE_TARGET inline void scale_row(float* row, const float* scales, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) (Vec16::load(row + i) * Vec16::load(scales + i)).store(row + i);
+}
+
 SIE_TARGET inline void divide_row(const float* src, float denom, int64_t d, float* dst) {
   for (int64_t i = 0; i < d; ++i) dst[i] = src[i] / denom;
 }
 
 // One query block of one KV head: rows are (position, query head of the group) pairs, `rows` of them (a multiple of
 // RB, padded with zero queries), the last real one at `rows_real`. Scratch: q [rows, D], s [rows, ldk], o [rows, D].
-template <int RB, int KV, int CV>
-SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, float* s, float* os) {
+// `T`: the pool's element (fp32, bf16's bits or int8; int8 scores and probabilities take their rows' scales).
+template <int RB, int KV, int CV, class T>
+SIE_TARGET void attend_block(const Args<T>& a, int64_t g, int64_t qb, float* qs, float* s, float* os) {
   const int64_t G = a.group, D = a.head_dim;
   const int64_t first = qb * a.block_positions;  // chunk index of the block's first query
   const int64_t positions = std::min(a.block_positions, a.n - first);
@@ -91,6 +99,8 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
   for (int64_t key = 0; key < key_pad; key += 16 * KV)
     for (int64_t r = 0; r < rows; r += RB)
       scores_block<RB, KV>(qs + r * D, D, kt + key / 64 * 64 * D + key % 64, 64, s + r * ldk + key, ldk);
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < rows_real; ++r) scale_row(s + r * ldk, a.k_scales + g * ldk, key_end);
   // softmax over each row's own keys 0..position (the rest of the row becomes exact zeros)
   std::vector<float> denom(rows, 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
@@ -99,14 +109,16 @@ SIE_TARGET void attend_block(const Args& a, int64_t g, int64_t qb, float* qs, fl
     else
       denom[r] = softmax_row(s + r * ldk, a.start + first + r / G + 1, key_end);
   }
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < rows_real; ++r) scale_row(s + r * ldk, a.v_scales + g * ldk, key_end);
   // V in spans of up to kValueKeys rows (32 KB at D = 64, in L1) that every row block reads in turn, each output
   // resuming its chain where the span before left it: the same bits as one pass over all keys, V read once from L2.
   // A span also ends where the next row does not follow in memory (a pool block's end, unless the table placed the
   // next block right behind it).
-  const PagedRows v = a.v.head(g * a.kv_head_stride);
+  const PagedRowsOf<T> v = a.v.head(g * a.kv_head_stride);
   for (int64_t key = 0, span; key < key_end; key += span) {
     span = v.contiguous(key, std::min(kValueKeys, key_end - key));
-    const float* rows_v = v.row(key);
+    const T* rows_v = v.row(key);
     for (int64_t c = 0; c < D; c += 16 * CV)
       for (int64_t r = 0; r < rows; r += RB)
         values_block<RB, CV>(s + r * ldk + key, ldk, rows_v + c, v.pos_stride, span, os + r * D + c, D, key > 0);
@@ -125,8 +137,8 @@ SIE_TARGET inline void scores_rows(const float* q, int64_t rows, int64_t D, cons
   for (; r < rows; ++r) scores_block<1, KV>(q + r * D, D, kt, ldkt, s + r * lds, lds);
 }
 
-template <int CV>
-SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, const float* v, int64_t ldv,
+template <int CV, class TV>
+SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, const TV* v, int64_t ldv,
                                    int64_t keys, float* o, int64_t ldo, bool resume) {
   int64_t r = 0;
   for (; r + 3 <= rows; r += 3) values_block<3, CV>(p + r * ldp, ldp, v, ldv, keys, o + r * ldo, ldo, resume);
@@ -138,36 +150,52 @@ SIE_TARGET inline void values_rows(const float* p, int64_t rows, int64_t ldp, co
 // 16-key groups that hold keys: a short context's last tile is mostly past the end), so a score
 // is the same FMA chain as in attend_block, and so is everything after it: a token's attention output has the
 // same bits in a decode step as in a prefill. Scratch: q [G, D], s [G, >= p + 64], o [G, D], tile [D, 64] + [16, D].
-template <int KV, int CV>
-SIE_TARGET void decode_one(const DecodeArgs& a, int64_t b, int64_t g, float* qs, float* s, float* os, float* tile) {
+// A bf16 pool's new key and value are rounded as they are written, as a prefill's write through torch rounds them.
+// An int8 pool's row is quantized as it is written (kv_quantize_row), and its scales are gathered into `scales`
+// [2, >= p + 64] (keys', values').
+template <int KV, int CV, class T>
+SIE_TARGET void decode_one(const DecodeArgs<T>& a, int64_t b, int64_t g, float* qs, float* s, float* os,
+                           float* tile, float* scales = nullptr) {
   constexpr int64_t kTileKeys = 64;
   const int64_t G = a.group, D = a.head_dim, p = a.positions[b];
-  const PagedRows kc = a.rows(a.k_cache, b, g), vc = a.rows(a.v_cache, b, g);
-  std::copy_n(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
-  std::copy_n(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
+  const PagedRowsOf<T> kc = a.rows(a.k_cache, b, g), vc = a.rows(a.v_cache, b, g);
+  const int64_t keys = p + 1, lds = round_up(keys, kTileKeys);
+  if constexpr (std::is_same_v<T, int8_t>) {
+    const PagedScales ksc = a.scales(a.k_scales, b, g), vsc = a.scales(a.v_scales, b, g);
+    kv_quantize_row(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p), ksc.at(p));
+    kv_quantize_row(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p), vsc.at(p));
+    ksc.gather(keys, lds, scales);
+    vsc.gather(keys, lds, scales + lds);
+  } else {
+    kv_write_row(a.k_new + b * a.k_row_stride + g * D, D, kc.row(p));
+    kv_write_row(a.v_new + b * a.v_row_stride + g * D, D, vc.row(p));
+  }
   for (int64_t r = 0; r < G; ++r) {
     const float* src = a.q + b * a.q_row_stride + (g * G + r) * D;
     for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * a.scale;
   }
-  const int64_t keys = p + 1, lds = round_up(keys, kTileKeys);
   float* last_rows = tile + D * kTileKeys;  // [16, D]: the 16-key group that straddles the last key
   for (int64_t key = 0; key < keys; key += kTileKeys) {
     const int64_t valid = std::min(kTileKeys, keys - key);
     for (int64_t i = 0; i < valid; i += 16) {
-      const float* src = kc.row(key + i);  // the 16-key group lies in one pool block
-      int64_t ld = kc.pos_stride;
       if (i + 16 > valid) {  // its rows past the last key repeat the last key (their scores are never read)
-        for (int64_t j = 0; j < 16; ++j) std::copy_n(kc.row(key + std::min(i + j, valid - 1)), D, last_rows + j * D);
-        src = last_rows;
-        ld = D;
+        for (int64_t j = 0; j < 16; ++j) kv_read_row(kc.row(key + std::min(i + j, valid - 1)), D, last_rows + j * D);
+        for (int64_t d = 0; d < D; d += 16) transpose16x16(last_rows + d, D, tile + d * kTileKeys + i, kTileKeys);
+      } else {
+        const T* src = kc.row(key + i);  // the 16-key group lies in one pool block
+        for (int64_t d = 0; d < D; d += 16)
+          transpose16x16(src + d, kc.pos_stride, tile + d * kTileKeys + i, kTileKeys);
       }
-      for (int64_t d = 0; d < D; d += 16) transpose16x16(src + d, ld, tile + d * kTileKeys + i, kTileKeys);
     }
     // 16-key groups wholly past the last key keep the tile's older keys: scored, and never read
     for (int64_t i = 0; i < kTileKeys; i += 16 * KV) scores_rows<KV>(qs, G, D, tile + i, kTileKeys, s + key + i, lds);
   }
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < G; ++r) scale_row(s + r * lds, scales, keys);
   std::vector<float> denom(G);
   for (int64_t r = 0; r < G; ++r) denom[r] = softmax_row(s + r * lds, keys, keys);
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (int64_t r = 0; r < G; ++r) scale_row(s + r * lds, scales + lds, keys);
   // V in spans of rows that follow each other in memory (a block, or blocks the table placed back to back), each
   // output resuming its chain where the span before left it: the bits of one pass over keys 0..p
   for (int64_t key = 0, span; key < keys; key += span) {

@@ -14,6 +14,15 @@ struct Vec16 {
   SIE_TARGET static Vec16 zero() { return {_mm512_setzero_ps()}; }
   SIE_TARGET static Vec16 set1(float x) { return {_mm512_set1_ps(x)}; }
   SIE_TARGET static Vec16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  // 16 bf16 (their raw bits) widened to fp32, exactly: each one's bits become an fp32's high half
+  SIE_TARGET static Vec16 load(const uint16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+  }
+  // 16 int8 as fp32 (exact)
+  SIE_TARGET static Vec16 load(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
   // lane i reads p[offsets[i]]
   SIE_TARGET static Vec16 gather(const float* p, const int32_t* offsets) {
     return {_mm512_i32gather_ps(_mm512_loadu_si512(offsets), p, 4)};
@@ -51,6 +60,16 @@ struct Vec16 {
   SIE_TARGET static Vec16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   SIE_TARGET static Vec16 set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
   SIE_TARGET static Vec16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  SIE_TARGET static Vec16 load(const uint16_t* p) {
+    const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+  }
+  SIE_TARGET static Vec16 load(const int8_t* p) {
+    const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
+  }
   SIE_TARGET static Vec16 gather(const float* p, const int32_t* offsets) {
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets));
     const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + 8));
@@ -98,9 +117,11 @@ struct Vec16 {
 
 #if SIE_VEC_BITS == 512
 // dst[j][i] = src[i][j] for a 16 x 16 block (rows ld apart): unpacks, then 128-bit lane shuffles, in registers.
-SIE_TARGET inline void transpose16x16(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+// `src` fp32, bf16's raw bits or int8 (widened to fp32 as the rows are loaded).
+template <class T>
+SIE_TARGET inline void transpose16x16(const T* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ld_src);
+  for (int i = 0; i < 16; ++i) r[i] = Vec16::load(src + i * ld_src).v;
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -125,9 +146,18 @@ SIE_TARGET inline void transpose16x16(const float* src, int64_t ld_src, float* d
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ld_dst, r[i]);
 }
 #else
-SIE_TARGET inline void transpose16x16(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+template <class T>
+SIE_TARGET inline void transpose16x16(const T* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+  } else {
+    alignas(32) float row[16];
+    for (int i = 0; i < 16; ++i) {
+      Vec16::load(src + i * ld_src).store(row);
+      for (int j = 0; j < 16; ++j) dst[j * ld_dst + i] = row[j];
+    }
+  }
 }
 #endif
 
