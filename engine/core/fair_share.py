@@ -123,9 +123,7 @@ class FairQueue:
         return any(entry[1] is seq for queue in self._waiting.values() for entry in queue)
 
     def __iter__(self) -> Iterator[Sequence]:
-        """Every waiting sequence in the order the queue serves them now: tenants by service, each in its order."""
-        tenants = sorted(self._waiting, key=lambda t: (self.counters.get(t, 0.0), self._waiting[t][0][0]))
-        return iter([entry[1] for tenant in tenants for entry in self._waiting[tenant]])
+        return iter([entry[1] for queue in list(self._waiting.values()) for entry in queue])
 
     def __len__(self) -> int:
         return sum(len(queue) for queue in self._waiting.values())

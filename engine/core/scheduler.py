@@ -40,8 +40,6 @@ from engine.sampling.penalty_counts import PenaltyCounts
 log = logging.getLogger(__name__)
 
 POLICIES: dict[str, type[WaitingPolicy]] = {"fcfs": FcfsQueue, "priority": PriorityQueue, "fair": FairQueue}
-BYPASS_LIMIT = 64  # how many later sequences may start before a waiting one that does not fit yet
-MAX_PASSED = 16  # waiting sequences tried past the first that does not fit, a step (each costs a lookup)
 
 
 def _seats(seq: Sequence) -> int:
@@ -224,42 +222,25 @@ class Scheduler:
             index += 1
 
     def _schedule_waiting(self, step: StepBuilder) -> None:
-        """Waiting sequences in queue order, each from its cached prefix, while the budget, the rows and the blocks
-        last; a watermark of blocks stays free for the running rows' next steps. One that does not fit yet lets
-        later ones that do pass (a preempted answer of a thousand tokens waiting for its blocks must not hold every
-        new prompt past the gateway's first-chunk timeout), but at most BYPASS_LIMIT times: then nothing passes it
-        until it fits, so no request is starved."""
+        """Waiting sequences from the head of the queue, each from its cached prefix, while the budget, the rows
+        and the blocks last; a watermark of blocks stays free for the running rows' next steps."""
         seats = sum(map(_seats, self.running))
-        passed: list[Sequence] = []
-        for seq in self.waiting:
-            if step.budget <= 0 or len(passed) > MAX_PASSED:
-                break
-            end, hits = self._admission(seq, seats, step)
+        while step.budget > 0 and (seq := self.waiting.peek()) is not None:
+            if seats + _seats(seq) > self.max_slots:
+                return
+            hits = self.kv.cached_prefix(seq)
+            start = len(hits) * BLOCK_TOKENS
+            end = self._span_end(seq, start, step)
             if end is None:
-                if seq.bypassed >= BYPASS_LIMIT:
-                    break  # its turn
-                passed.append(seq)
-                continue
-            self.waiting.remove(seq)
-            self._admit(seq, len(hits) * BLOCK_TOKENS)
+                return
+            headroom = self.kv.watermark + step.growth if self.running else 0
+            if not self.kv.allocate(seq, end, hits, self._fork_reserve(seq, end), headroom):
+                return
+            self.waiting.pop()
+            self._admit(seq, start)
             self.running.append(seq)
             step.add(seq, end)
             seats += _seats(seq)
-            for waiting in passed:
-                waiting.bypassed += 1
-            passed = []
-
-    def _admission(self, seq: Sequence, seats: int, step: StepBuilder) -> tuple[int | None, list[int]]:
-        """Where the waiting sequence's first span ends, with its KV room allocated (from its cached prefix `hits`),
-        or None having changed nothing: no batch row, no budget or no blocks for it."""
-        if seats + _seats(seq) > self.max_slots:
-            return None, []
-        hits = self.kv.cached_prefix(seq)
-        end = self._span_end(seq, len(hits) * BLOCK_TOKENS, step)
-        headroom = self.kv.watermark + step.growth if self.running else 0
-        if end is None or not self.kv.allocate(seq, end, hits, self._fork_reserve(seq, end), headroom):
-            return None, []
-        return end, hits
 
     def _admit(self, seq: Sequence, cached: int) -> None:
         group = seq.group
@@ -281,7 +262,7 @@ class Scheduler:
         `cause`: `kv` (the blocks ran out) or `priority` (a waiting request outranked it)."""
         self.kv.keep(seq, seq.num_computed)
         self.retire(seq)
-        seq.num_computed, seq.bypassed = 0, 0
+        seq.num_computed = 0
         self.waiting.add_preempted(seq)
         self.stats.preemptions += 1
         self.stats.preemptions_by_cause[cause] += 1

@@ -45,7 +45,6 @@ class Sequence:
         self.slot = -1  # the batch row its table is in this step
         self.table_len = 0  # entries of `blocks` written in that row's table
         self.chain: tuple[int, list] | None = None  # (length, its prefix-cache keys), made once a length
-        self.bypassed = 0  # later sequences admitted while it waited for room (Scheduler._schedule_waiting)
         self.last_token_at: float | None = None  # when its latest token was sampled (inter-token latency)
         self.cum_logprob = 0.0
         self.finish_reason: str | None = None

@@ -9,8 +9,8 @@ waiting one may take a running one's place.
 - `fair`: the Virtual Token Counter (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024), in
   engine.core.fair_share.
 
-The scheduler admits in this order; one that does not fit yet lets later ones pass a bounded number of times
-(engine.core.scheduler BYPASS_LIMIT), so a large request is never starved by a stream of small ones.
+The scheduler admits from the head and stops at the first that does not fit, so a large request is never starved
+by a stream of small ones of the same rank.
 """
 
 from __future__ import annotations

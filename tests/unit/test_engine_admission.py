@@ -13,7 +13,6 @@ import pytest
 
 from engine.core.kv_manager import BLOCK_TOKENS
 from engine.core.output_processor import PREEMPTED_HEARTBEAT_S
-from engine.core.scheduler import BYPASS_LIMIT
 from engine.core.sequence import Sequence
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
@@ -128,35 +127,19 @@ def test_a_cancelled_preempted_request_leaves_nothing_behind(make_scheduler, rea
     assert not core.scheduler.has_work() and core.scheduler.queue_depth == 0
 
 
-def test_a_small_request_goes_past_a_waiting_one_that_does_not_fit_yet(make_scheduler, prompt):
-    """A request waiting for room does not hold back a later one that fits now (a long answer waiting for its
-    blocks must not keep every new prompt past the gateway's first-chunk timeout)."""
+def test_a_large_waiting_request_is_not_passed_by_later_small_ones(make_scheduler, prompt):
+    """First come, first served: a request waiting for room holds back later ones that would fit, so a stream of
+    small requests can never starve it."""
     run = with_budget(make_scheduler, 17 * BLOCK_TOKENS)
     run.add("a", prompt, long_run(2, 30))
     run.step()
     run.add("waiting", prompt * 6, long_run(1, 30))  # 14 blocks: more than "a" leaves, room only once it ends
     run.add("small", prompt, long_run(1, 8))
-    for _ in range(2):
-        run.step()
-    assert run.outputs["small"] and not run.outputs["waiting"]
-    until_done_within_budget(run)
-    assert run.final("waiting").finish_reason == run.final("small").finish_reason == "length"
-
-
-def test_a_waiting_request_is_passed_at_most_bypass_limit_times(make_scheduler, prompt):
-    """Then nothing passes it until it fits: a stream of small requests cannot starve a large one."""
-    run = with_budget(make_scheduler, 17 * BLOCK_TOKENS)
-    run.add("a", prompt, long_run(2, 30))
-    run.step()
-    run.add("waiting", prompt * 6, long_run(1, 30))
-    (waiting,) = [seq for seq in run.sched.scheduler.waiting if seq.group.request.request_id == "waiting"]
-    waiting.bypassed = BYPASS_LIMIT  # its turn
-    run.add("small", prompt, long_run(1, 8))
     while not run.outputs["waiting"]:
         assert not run.outputs["small"]
         run.step()
     until_done_within_budget(run)
-    assert run.final("small").finish_reason == "length"
+    assert run.final("waiting").finish_reason == run.final("small").finish_reason == "length"
 
 
 def test_a_preempted_stream_sends_a_heartbeat_while_it_waits(make_scheduler, real_engine):
