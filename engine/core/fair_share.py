@@ -3,9 +3,9 @@ Models", OSDI 2024).
 
 Each tenant's service is counted in weighted tokens, `W_PROMPT` per prompt token computed and `W_OUTPUT` per token
 generated, divided by the tenant's weight (from the keys file, default 1). The waiting request of the tenant with the
-least service goes next; within a tenant, by (priority, arrival). A tenant that becomes active again is lifted to
-the least counter of the active tenants, so idling earns it no burst of credit. Counters live only while a tenant has
-requests in flight, so memory stays bounded by the tenants in flight.
+least service goes next; within a tenant, in the priority policy's order (engine.core.waiting_queue). A tenant that
+becomes active again is lifted to the least counter of the active tenants, so idling earns it no burst of credit.
+Counters live only while a tenant has requests in flight, so memory stays bounded by the tenants in flight.
 
 VTC orders admission only; here a waiting request may also take the place of a running one when the batch or the
 blocks are full, so that one tenant's flood cannot hold every batch row while another waits: when the running
@@ -20,7 +20,7 @@ import collections
 from collections.abc import Iterator
 
 from engine.core.sequence import Sequence, SequenceGroup
-from engine.core.waiting_queue import Rank, arrival
+from engine.core.waiting_queue import PriorityQueue, Rank, arrival
 
 W_PROMPT = 1.0
 W_OUTPUT = 2.0  # VTC's weights: an output token costs about twice an input token
@@ -34,7 +34,7 @@ class FairQueue:
     name = "fair"
 
     def __init__(self) -> None:
-        self._waiting: dict[str, list[tuple[Rank, Sequence]]] = {}  # per tenant, by (priority, arrival)
+        self._waiting: dict[str, PriorityQueue] = {}  # per tenant
         self.counters: dict[str, float] = {}
         self._in_flight: collections.Counter[str] = collections.Counter()
 
@@ -64,7 +64,7 @@ class FairQueue:
         return (rows[other] - 1) / other_weight >= (rows[tenant] + 1) / weight
 
     def _next_tenant(self) -> str | None:
-        return min(self._waiting, key=lambda t: (self.counters.get(t, 0.0), self._waiting[t][0][0]), default=None)
+        return min(self._waiting, key=lambda t: (self.counters.get(t, 0.0), self._waiting[t].head_key()), default=None)
 
     # -- service -----------------------------------------------------------------------------------
 
@@ -93,37 +93,34 @@ class FairQueue:
         self.add_preempted(seq)
 
     def add_preempted(self, seq: Sequence) -> None:
-        queue = self._waiting.setdefault(tenant_of(seq), [])
-        entry = ((seq.group.request.priority, *arrival(seq)), seq)
-        queue.append(entry)
-        queue.sort(key=lambda item: item[0])
+        self._waiting.setdefault(tenant_of(seq), PriorityQueue()).add(seq)
 
     def peek(self) -> Sequence | None:
         tenant = self._next_tenant()
-        return None if tenant is None else self._waiting[tenant][0][1]
+        return None if tenant is None else self._waiting[tenant].peek()
 
     def pop(self) -> Sequence:
         tenant = self._next_tenant()
         assert tenant is not None, "pop from an empty queue"
-        queue = self._waiting[tenant]
-        seq = queue.pop(0)[1]
-        if not queue:
-            del self._waiting[tenant]
+        seq = self._waiting[tenant].pop()
+        self._forget_if_empty(tenant)
         return seq
 
     def remove(self, seq: Sequence) -> None:
         tenant = tenant_of(seq)
-        queue = [entry for entry in self._waiting.get(tenant, []) if entry[1] is not seq]
-        if queue:
-            self._waiting[tenant] = queue
-        else:
-            self._waiting.pop(tenant, None)
+        if tenant in self._waiting:
+            self._waiting[tenant].remove(seq)
+            self._forget_if_empty(tenant)
+
+    def _forget_if_empty(self, tenant: str) -> None:
+        if not self._waiting[tenant]:
+            del self._waiting[tenant]
 
     def __contains__(self, seq: object) -> bool:
-        return any(entry[1] is seq for queue in self._waiting.values() for entry in queue)
+        return any(seq in queue for queue in self._waiting.values())
 
     def __iter__(self) -> Iterator[Sequence]:
-        return iter([entry[1] for queue in list(self._waiting.values()) for entry in queue])
+        return iter([seq for queue in list(self._waiting.values()) for seq in queue])
 
     def __len__(self) -> int:
-        return sum(len(queue) for queue in self._waiting.values())
+        return sum(map(len, self._waiting.values()))

@@ -5,11 +5,12 @@ step has one token budget, decode rows included (vLLM's `max_num_batched_tokens`
 sequence its next tokens in the waiting policy's rank order (engine.core.waiting_queue; arrival under fcfs): a
 decode row its last token, a prompt its next chunk, each with its KV room from one call (engine.core.kv_manager
 `allocate`). When the blocks run out the last in that order is preempted: its blocks are freed and stay keyed in the
-prefix cache, its count goes back to 0, and it waits in its place in the queue. Then, unless the blocks ran short,
-waiting sequences are admitted from the head of the queue while the budget, the rows and the blocks last, each from
-its cached prefix. A preempted candidate comes back as a prompt does: its prompt and every token it has streamed
-are its tokens, mostly cached, and its last span samples its next token. It keeps its generator, grammar state and
-detokenizer, and under our kernels a prefill computes the bits the decode steps did: the same tokens, none twice.
+prefix cache, its count goes back to 0, and it waits (behind new requests, engine.core.waiting_queue). Then,
+unless the blocks ran short, waiting sequences are admitted from the head of the queue while the budget, the rows
+and the blocks last, each from its cached prefix. A preempted candidate comes back as a prompt does: its prompt and
+every token it has streamed are its tokens, mostly cached, and its last span samples its next token. It keeps its
+generator, grammar state and detokenizer, and under our kernels a prefill computes the bits the decode steps did:
+the same tokens, none twice.
 
 `complete()` runs after the forward: the counts move on and a finished prompt forks its n/best_of candidates.
 """
@@ -258,7 +259,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, cause: str) -> None:
         """The sequence gives its blocks back (what it wrote stays keyed in the prefix cache, for its return) and
-        waits in its place in the queue (under fcfs, the front), to be computed again from its first token.
+        waits in the queue (engine.core.waiting_queue says where), to be computed again from its first token.
         `cause`: `kv` (the blocks ran out) or `priority` (a waiting request outranked it)."""
         self.kv.keep(seq, seq.num_computed)
         self.retire(seq)

@@ -99,3 +99,42 @@ def test_fair_weights_divide_the_service_counted():
         step(sched)
     counters = sched.waiting.counters
     assert counters["A"] == 2 * counters["B"]
+
+
+def _preempt_a_long_answer(policy: str = "fcfs"):
+    """Two long answers in a pool of 10 blocks: the newer one is preempted once it has streamed, and cannot come
+    back until the older one ends."""
+    sched = scheduler(slots=4, blocks=10, budget=256, policy=policy)
+    add(sched, "older", 40, max_tokens=100)
+    add(sched, "newer", 40, max_tokens=100)
+    while not sched.stats.preemptions:
+        step(sched)
+    assert rid(sched.waiting) == ["newer"] and sched.waiting.peek().output_ids
+    return sched
+
+
+def test_a_new_request_gets_its_first_token_before_a_preempted_stream_returns():
+    """Under a load several times the pool, strict arrival order kept new chats behind preempted long answers
+    until those could come back whole: past the gateway's first-chunk timeout. The new one goes first."""
+    sched = _preempt_a_long_answer()
+    add(sched, "chat", 16, max_tokens=5)
+    for _ in range(2):
+        step(sched)
+    started = [seq for seq in sched.running if seq.output_ids]
+    assert "chat" in rid(started), "the new request is still waiting behind the preempted one"
+    assert "newer" in rid(sched.waiting)  # the preempted stream waits; its turn comes
+    until_idle(sched)
+    assert_pool_whole(sched)
+
+
+def test_a_preempted_stream_passed_over_bypass_limit_times_goes_first(monkeypatch):
+    monkeypatch.setattr("engine.core.waiting_queue.BYPASS_LIMIT", 2)
+    sched = _preempt_a_long_answer()
+    for i in range(3):
+        add(sched, f"chat{i}", 16, max_tokens=2)
+    assert rid(sched.waiting) == ["chat0", "chat1", "chat2", "newer"]
+    while "chat1" in rid(sched.waiting):
+        step(sched)
+    assert rid(sched.waiting) == ["newer", "chat2"]  # due: nothing passes it again until it fits
+    until_idle(sched)
+    assert_pool_whole(sched)
