@@ -44,16 +44,19 @@ $(VLM_DIR)/.complete: $(MODEL_DIR)/.complete
 model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete $(GEMMA_DIR)/.complete  ## SmolLM2, demo adapter, tiny VLM, Gemma 3 (once)
 
 # MODEL=<Hugging Face folder>: that model alone (SERVED_NAME names it; MODEL_KIND=gpu for bf16 on a GPU;
-# KV_CACHE_DTYPE=bfloat16 or int8 stores its K/V narrower, 2x or about 4x the tokens in the same memory);
+# KV_CACHE_DTYPE=bfloat16 or int8 stores its K/V narrower, 2x or about 4x the tokens in the same memory;
+# QUANTIZATION=int8 its linears' weights, a quarter of fp32's bytes);
 # MODEL_REPOSITORY=<dir>: a model repository of your own (docs/own-model.md). Neither: model_repository/.
 MODEL ?=
 MODEL_REPOSITORY ?=
 SERVED_NAME ?=
 MODEL_KIND ?= cpu
 KV_CACHE_DTYPE ?= auto
+QUANTIZATION ?= none
 serve: $(if $(MODEL)$(MODEL_REPOSITORY),install,model)  ## tritonserver (bundled, or the system one) + gateway on :$(GATEWAY_PORT)
 	GATEWAY_PORT=$(GATEWAY_PORT) MODEL="$(MODEL)" MODEL_REPOSITORY="$(MODEL_REPOSITORY)" SERVED_NAME="$(SERVED_NAME)" \
-		MODEL_KIND=$(MODEL_KIND) KV_CACHE_DTYPE=$(KV_CACHE_DTYPE) $(PY) -m devstack.serve
+		MODEL_KIND=$(MODEL_KIND) KV_CACHE_DTYPE=$(KV_CACHE_DTYPE) \
+		QUANTIZATION=$(QUANTIZATION) $(PY) -m devstack.serve
 
 # GuideLLM, which an e2e test drives, in its own venv (never a project dependency): installed with the models, so
 # that the suite's time is the tests'

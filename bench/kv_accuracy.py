@@ -45,6 +45,13 @@ def fixed_text() -> str:
     return topics["types"]
 
 
+def chat_prompts(tokenizer) -> list[list[int]]:
+    """PROMPTS as the model's chat template asks (plain text for a model without one), tokenized."""
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                           tokenize=False) if tokenizer.chat_template else p for p in PROMPTS]
+    return [tokenizer(t, add_special_tokens=not tokenizer.chat_template).input_ids for t in texts]
+
+
 def _all_position_logits(decoder, cache, ids: list[int]) -> torch.Tensor:
     """Log-probabilities of each next token of `ids` [len - 1], prefilled chunk by chunk into slot 0."""
     captured: list[torch.Tensor] = []
@@ -116,9 +123,7 @@ def measure(model_dir: Path, dtype: str, tokens: int, kv_dtypes: list[str], answ
     model, tokenizer, _ = load_model(str(model_dir), getattr(torch, dtype), "cpu")
     decoder = build_decoder(model, "auto", tokens + CHUNK)
     ids = tokenizer(fixed_text()).input_ids[:tokens]
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                           tokenize=False) if tokenizer.chat_template else p for p in PROMPTS]
-    prompts = [tokenizer(t, add_special_tokens=not tokenizer.chat_template).input_ids for t in texts]
+    prompts = chat_prompts(tokenizer)
     rows, base_nll, base_answers = [], 0.0, []
     for kv in [*kv_dtypes, *SIMULATED]:
         rounding, value_bytes = SIMULATED.get(kv, (None, None))

@@ -144,10 +144,10 @@ def _gpu_total_bytes() -> int | None:
 
 
 def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_path: str | None = None,
-           kv_memory_bytes: int | None = None, kv_cache_dtype: str = "auto") -> Profile:
+           kv_memory_bytes: int | None = None, kv_cache_dtype: str = "auto", quantization: str = "none") -> Profile:
     """The profile of the model in `folder`, served on `kind` ("cpu": fp32, "gpu": bf16), its K/V stored as
     `kv_cache_dtype` says (`bfloat16`: 2 bytes a value on either kind, `int8`: 1 and a 4-byte scale a row of
-    head_dim values, so the budget holds more tokens)."""
+    head_dim values, so the budget holds more tokens), its linears' weights as `quantization` says (`int8`)."""
     folder = folder.resolve()
     config = _read_json(folder / "config.json")
     if not config:
@@ -201,4 +201,6 @@ def derive(folder: Path, *, name: str | None = None, kind: str = "cpu", model_pa
     }
     if kv_cache_dtype != "auto":
         parameters["kv_cache_dtype"] = kv_cache_dtype
+    if quantization != "none":
+        parameters["quantization"] = quantization
     return Profile(served, parameters, notes)

@@ -3,7 +3,7 @@
 Which models (environment, as the Makefile passes them):
 - `MODEL=<folder>`: that Hugging Face model folder alone, in a repository written for it by devstack.add_model
   (served as `SERVED_NAME`, else the config's `_name_or_path`, else the folder's name; `MODEL_KIND` cpu or gpu;
-  `KV_CACHE_DTYPE` its profile's `kv_cache_dtype`);
+  `KV_CACHE_DTYPE` its profile's `kv_cache_dtype`, `QUANTIZATION` its `quantization`);
 - `MODEL_REPOSITORY=<dir>` (or `SIE_MODEL_REPOSITORY`): a model repository of the user's own;
 - neither: this repository's model_repository/.
 
@@ -83,7 +83,8 @@ def model_repository(env: dict[str, str], build_dir: Path = REPO_ROOT / "build")
         repo = build_dir / "serve-repository"
         shutil.rmtree(repo, ignore_errors=True)  # MODEL alone: nothing left from an earlier MODEL
         target = add_model(Path(env["MODEL"]).expanduser(), repo, name=env.get("SERVED_NAME") or None,
-                           kind=env.get("MODEL_KIND", "cpu"), kv_cache_dtype=env.get("KV_CACHE_DTYPE") or "auto")
+                           kind=env.get("MODEL_KIND", "cpu"), kv_cache_dtype=env.get("KV_CACHE_DTYPE") or "auto",
+                           quantization=env.get("QUANTIZATION") or "none")
         print(f"serving {env['MODEL']} as Triton model {target.name} ({target / 'config.pbtxt'})", flush=True)
         return repo
     own = env.get("MODEL_REPOSITORY") or env.get("SIE_MODEL_REPOSITORY")

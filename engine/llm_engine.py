@@ -68,6 +68,7 @@ class EngineConfig:
     max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
     kv_budget_tokens: int | None = None  # KV memory in positions, the prefix cache's included (None: slots x len)
     kv_memory: int | float | None = None  # KV memory in bytes, or a fraction of free memory: sets kv_budget_tokens
+    quantization: str = "none"  # none | int8: the linears' weights as int8 (engine.model.decoder)
     kv_cache_dtype: str = "auto"  # K/V stored as: auto (the activations' dtype), bfloat16 or int8 (model.kv_cache)
     prefix_cache_tokens: int = 8192  # at most this much of it keeps past prompts for reuse (0: off); yields to running
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
@@ -139,7 +140,7 @@ class LLMEngine:
         self.model = model
         if config.chat_template:
             self.tokenizer.chat_template = config.chat_template
-        decoder = build_decoder(model, config.model_impl, config.max_len)
+        decoder = build_decoder(model, config.model_impl, config.max_len, config.quantization)
         fused = isinstance(decoder, Decoder)
         if processor is not None:
             self.vision = VisionPrompter(model, processor, self.tokenizer, decoder.embed)

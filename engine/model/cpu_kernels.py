@@ -24,7 +24,8 @@ import torch
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "tiled_linear_bf16.cpp", KERNELS / "causal_attention.cpp",
+SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "tiled_linear_bf16.cpp", KERNELS / "tiled_linear_int8.cpp",
+           KERNELS / "causal_attention.cpp",
            KERNELS / "attention_bf16.cpp", KERNELS / "layer_ops.cpp", KERNELS / "lora_add.cpp",
            KERNELS / "row_ops.cpp"]
 HEADERS = sorted(KERNELS.glob("*.h"))  # part of the cache key, not compiled on their own

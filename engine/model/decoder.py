@@ -20,12 +20,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.model import tiled_linear
 from engine.model.attention import bf16_supported, chunk_attention, decode_attention, native_supported
 from engine.model.kv_cache import KVCache, kv_dtype_for
 from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
 from engine.model.lora import AdapterTable, LoraBatch
+from engine.model.tiled_linear import TiledWeight
 from engine.staging import stage
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
@@ -60,9 +62,11 @@ def _fuse_linears(linears: list[torch.nn.Module], name: str = "weight") -> torch
 class Decoder:
     """Prefill and batched decode over a paged KV cache passed in; rows are the cache's slots.
 
-    `max_len`: the longest sequence it runs (RoPE tables; a sliding window shorter than it is rejected)."""
+    `max_len`: the longest sequence it runs (RoPE tables; a sliding window shorter than it is rejected);
+    `quantization`: `none`, or `int8` (the layers' linears and the LM head as int8 with a scale per output column,
+    engine.model.tiled_linear `TiledWeight.int8`; the embeddings, norms and activations keep their precision)."""
 
-    def __init__(self, hf_model: torch.nn.Module, max_len: int) -> None:
+    def __init__(self, hf_model: torch.nn.Module, max_len: int, quantization: str = "none") -> None:
         config, inner, arch = language_model(hf_model)  # a VLM's language model too
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {arch} is not supported by engine.model.decoder")
@@ -83,13 +87,17 @@ class Decoder:
         self.layers = [self._fuse(layer) for layer in inner.layers]
         # GEMM path by the CPU's ISA (engine.model.linear_kernels; timed only when asked); weights prepacked if oneDNN
         self.linear_kind = "torch"
-        first = self.layers[0]
-        self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj, first.gate_up,
-                                                                         first.down)]))
+        self.quantization = quantization
+        if quantization == "int8":
+            self._quantize_int8()
+        else:
+            first = self.layers[0]
+            self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj,
+                                                                             first.gate_up, first.down)]))
         # The activations' dtype: the weights' own, except bf16 weights on our tiled kernel, which multiplies bf16 and
         # hands back its fp32 accumulators. There the hidden states, norms, attention and the KV cache stay fp32, on our
         # fp32 kernels, and a row's bits never depend on its batch, as in fp32 (docs/configuration.md, "dtype").
-        mixed = self.linear_kind == "tiled" and self.weight_dtype == torch.bfloat16
+        mixed = self.linear_kind == "tiled" and self.weight_dtype == torch.bfloat16  # int8 from bf16 too
         self.dtype = torch.float32 if mixed else self.weight_dtype
         if mixed:
             self._small_weights_to(self.dtype)
@@ -128,6 +136,15 @@ class Decoder:
             w.qkv, w.o_proj, w.gate_up, w.down = (pack(t, kind) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
         self.lm_head = pack(self.lm_head, kind)
         self.linear_kind = kind
+
+    def _quantize_int8(self) -> None:
+        if self.device.type != "cpu" or not tiled_linear.runs(torch.int8):
+            raise ValueError("quantization int8 runs on our CPU kernels, which need AVX-512 and a C++ compiler here; "
+                             "serve this model unquantized (quantization: none)")
+        for w in self.layers:
+            w.qkv, w.o_proj, w.gate_up, w.down = (TiledWeight.int8(t) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
+        self.lm_head = TiledWeight.int8(self.lm_head)
+        self.linear_kind = "tiled"
 
     def _small_weights_to(self, dtype: torch.dtype) -> None:
         """The norms' weights and the QKV bias in `dtype` (what they multiply and add to); the linears keep theirs."""

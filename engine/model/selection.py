@@ -30,14 +30,20 @@ def fused_path_gaps(hf_model: torch.nn.Module, max_len: int) -> list[str]:
     return unsupported_features(config, inner, max_len)
 
 
-def build_decoder(hf_model: torch.nn.Module, impl: str, max_len: int) -> AnyDecoder:
+def build_decoder(hf_model: torch.nn.Module, impl: str, max_len: int, quantization: str = "none") -> AnyDecoder:
+    """`quantization` other than `none` runs on the fused forward only (our int8 kernels); a model that needs the
+    transformers path is refused with the reason."""
     if impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, not {impl!r}")
     if impl != "transformers":
         gaps = fused_path_gaps(hf_model, max_len)
         if not gaps:
-            return Decoder(hf_model, max_len)
+            return Decoder(hf_model, max_len, quantization)
         if impl == "fused":
             raise ValueError("model_impl fused cannot run this model exactly: " + "; ".join(gaps))
         log.info("serving with transformers' modeling code; the fused forward lacks: %s", "; ".join(gaps))
+    if quantization != "none":
+        raise ValueError(f"quantization {quantization} runs on the fused forward only, and this model is served with "
+                         "transformers' modeling code (model_impl transformers, or the fused forward lacks a feature "
+                         "it needs); serve it with quantization: none")
     return TransformersDecoder(hf_model, max_len)

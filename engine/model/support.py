@@ -37,6 +37,12 @@ def config_refusal(config: Any) -> str | None:
     if getattr(config, "is_encoder_decoder", False):
         return (f"encoder-decoder architecture ({arch}): the engine serves decoder-only models, whose prompt and "
                 "output share one causal KV cache")
+    quantized = getattr(config, "quantization_config", None)
+    if quantized is not None:  # transformers would need that method's own kernels package, or de-quantize silently
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else \
+            getattr(quantized, "quant_method", "?")
+        return (f"a pre-quantized checkpoint (quantization_config, quant_method {str(method)!r}): not served; serve "
+                "its full-precision folder, with `quantization: int8` to quantize it at load (docs/quantization.md)")
     from transformers import AutoModelForCausalLM
 
     if type(config) not in AutoModelForCausalLM._model_mapping and getattr(config, "vision_config", None) is None:

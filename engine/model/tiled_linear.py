@@ -1,4 +1,5 @@
-"""Our CPU linear (engine/model/kernels/tiled_linear.cpp, fp32; tiled_linear_bf16.cpp, bf16 on AVX512_BF16/AMX):
+"""Our CPU linear (engine/model/kernels/tiled_linear.cpp, fp32; tiled_linear_bf16.cpp, bf16 on AVX512_BF16/AMX;
+tiled_linear_int8.cpp, int8 weights with a scale per output column on AVX-512, the profile's `quantization: int8`):
 weights laid out once as column tiles, one kernel for every row count, so a row's output is bit-identical alone,
 in any batch, in prefill or decode.
 
@@ -38,6 +39,8 @@ def runs(dtype: torch.dtype) -> bool:
     13.9-16.5 / 290-302 ms against oneDNN's 16.6 / 13.9 / 18.5 / 278, with rows that never depend on their batch."""
     if dtype == torch.float32:
         return available()
+    if dtype == torch.int8:
+        return available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
     return dtype == torch.bfloat16 and available() and torch.ops.sie_kernels.has_avx512_bf16()
 
 
@@ -45,12 +48,14 @@ class TiledWeight:
     """A [N, K] weight laid out as column tiles, zero rows padding N to a multiple of 96: fp32 as
     [N/16, K, 16]; bf16 as [N/16, K/2, 32], each k pair of a tile's 16 columns interleaved (column c's k, k+1 side
     by side), what one AMX B-tile row or `vdpbf16ps` multiplies; an odd K gets a zero column. One layout rule for
-    both: [N/16, K/pair, 16, pair] with pair 1 (fp32) or 2 (bf16)."""
+    both: [N/16, K/pair, 16, pair] with pair 1 (fp32, int8) or 2 (bf16). int8 tiles (`TiledWeight.int8`) carry
+    `scales`, one fp32 a column."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor | None = None) -> None:
         n, k = weight.shape
         self.out_features, self.in_features = n, k
-        w = weight.detach().to(torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32)
+        kept = weight.dtype in (torch.bfloat16, torch.int8)
+        w = weight.detach() if kept else weight.detach().float()
         pair = 2 if w.dtype == torch.bfloat16 else 1
         padded_n = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
         padded_k = -(-k // pair) * pair
@@ -58,6 +63,17 @@ class TiledWeight:
             w = F.pad(w, (0, padded_k - k, 0, padded_n - n))
         self.tiles = w.view(padded_n // TILE, TILE, padded_k // pair, pair).transpose(1, 2).contiguous().view(
             padded_n // TILE, padded_k // pair, pair * TILE)
+        self.scales = None if scales is None else F.pad(scales.float(), (0, padded_n - n)).contiguous()
+
+    @classmethod
+    def int8(cls, weight: torch.Tensor) -> TiledWeight:
+        """Symmetric int8 with one scale per output column (the largest magnitude of its row maps to 127), as
+        vLLM's and TensorRT-LLM's weight-only int8 quantize: within 0.4 % of a column's largest weight, where
+        groups of 32-128 would be needed at 4 bits."""
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        quantized = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        return cls(quantized, scales)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -68,10 +84,12 @@ class TiledWeight:
         return torch.Size((self.out_features, self.in_features))
 
     def dense(self) -> torch.Tensor:
-        """The [N, K] weight back (exact)."""
+        """The [N, K] weight back (exact; int8 weights de-quantized to fp32)."""
         tiles, pair = self.tiles, 2 if self.dtype == torch.bfloat16 else 1
         groups, steps = tiles.shape[:2]
         dense = tiles.view(groups, steps, TILE, pair).transpose(1, 2).reshape(groups * TILE, steps * pair)
+        if self.scales is not None:
+            dense = dense.float() * self.scales[:, None]
         return dense[: self.out_features, : self.in_features].contiguous()
 
 
@@ -79,10 +97,12 @@ def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None
                  avx2: bool = False, amx: bool = True) -> torch.Tensor:
     """F.linear(x, W, bias) through the tiled kernel; x [..., K]. fp32 weights take fp32 x. bf16 weights take bf16
     or fp32 x (rounded to bf16 as it is read), and the result is in x's dtype: fp32 x gets the fp32 accumulators
-    unrounded. `avx2`: force the fp32 kernel's AVX2 variant; `amx=False`: the bf16 kernel's vdpbf16ps variant where
-    the CPU has AMX (tests)."""
+    unrounded. int8 weights take and give fp32. `avx2`: force the fp32 kernel's AVX2 variant; `amx=False`: the bf16
+    kernel's vdpbf16ps variant where the CPU has AMX (tests)."""
     rows = x.reshape(-1, x.shape[-1])
-    if weight.dtype == torch.bfloat16:
+    if weight.dtype == torch.int8:
+        out = torch.ops.sie_kernels.tiled_linear_int8(rows.float(), weight.tiles, weight.scales)
+    elif weight.dtype == torch.bfloat16:
         if weight.in_features % 2:
             rows = F.pad(rows, (0, 1))
         out = torch.ops.sie_kernels.tiled_linear_bf16(rows, weight.tiles, x.dtype == torch.float32, amx)

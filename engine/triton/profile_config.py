@@ -48,6 +48,7 @@ def engine_config(profile: Profile, *, model_dir: str, triton_name: str, device:
         kv_budget_tokens=profile.kv_budget_tokens,
         kv_memory=profile.kv_memory,
         kv_cache_dtype=profile.kv_cache_dtype,
+        quantization=profile.quantization,
         prefix_cache_tokens=profile.prefix_cache_tokens,
         dtype=profile.dtype,  # auto: bf16 on GPU, fp32 on CPU; "bfloat16" where the CPU has it
         threads=profile.threads,

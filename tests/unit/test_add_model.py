@@ -81,6 +81,13 @@ def test_a_narrower_kv_cache_holds_more_tokens_on_the_cpu(tmp_path):
     assert parameters(tmp_path / "cli" / "x_y")["kv_cache_dtype"] == "bfloat16"
 
 
+def test_int8_weights_are_written_to_the_profile_only_when_asked(tmp_path):
+    path = folder(tmp_path)
+    assert "quantization" not in parameters(add_model(path, tmp_path / "a"))
+    assert main([str(path), "--repository", str(tmp_path / "cli"), "--name", "q", "--quantization", "int8"]) == 0
+    assert parameters(tmp_path / "cli" / "q")["quantization"] == "int8"
+
+
 def test_turn_end_stop_tokens_from_generation_config_and_the_templates_marker(tmp_path):
     p = parameters(add_model(folder(tmp_path), tmp_path / "repo"))
     assert p["stop_tokens"].split(",") == ["<|endoftext|>", "<|im_end|>"]

@@ -12,6 +12,8 @@ where the CPU has native bf16).
   differed greedy, 3 seeded.
 - Each of them with the KV cache in bf16 (`kv_cache_dtype: bfloat16`) too, and fp32 with it in int8: K/V rounded
   once as they are written, the same two guarantees within that KV dtype.
+- int8 weights (`quantization: int8`, from fp32 or bf16 weights): the same two within that quantization (fp32
+  activations, one FMA chain a column whatever the batch).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from engine.model import tiled_linear  # noqa: E402
 from engine.model.linear_kernels import native_bf16  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -31,18 +34,26 @@ PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def add(
            "List three primary colours:"]
 _NO_BF16 = pytest.mark.skipif(not native_bf16(),
                               reason="bf16 is served only where the CPU has native bf16 (avx512_bf16 or AMX)")
-# (weights' dtype, kv_cache_dtype)
-DTYPES = [("float32", "auto"), ("float32", "bfloat16"), ("float32", "int8"), pytest.param(("bfloat16", "auto"),
-                                                                                          marks=_NO_BF16),
-          pytest.param(("bfloat16", "bfloat16"), marks=_NO_BF16)]
+_NO_INT8 = pytest.mark.skipif(not tiled_linear.runs(torch.int8), reason="int8 weights run on our AVX-512 kernels")
+# (weights' dtype, kv_cache_dtype, quantization)
+DTYPES = [("float32", "auto", "none"), ("float32", "bfloat16", "none"), ("float32", "int8", "none"),
+          pytest.param(("bfloat16", "auto", "none"), marks=_NO_BF16),
+          pytest.param(("bfloat16", "bfloat16", "none"), marks=_NO_BF16),
+          pytest.param(("float32", "auto", "int8"), marks=_NO_INT8),
+          pytest.param(("bfloat16", "auto", "int8"), marks=[_NO_BF16, _NO_INT8])]
 
 
-@pytest.fixture(scope="module", params=DTYPES, ids="-kv-".join)
+def _name(dtypes: tuple[str, str, str]) -> str:
+    dtype, kv, quantization = dtypes
+    return f"{dtype}-kv-{kv}" + (f"-weights-{quantization}" if quantization != "none" else "")
+
+
+@pytest.fixture(scope="module", params=DTYPES, ids=_name)
 def engine(request):
     _require_model()
-    dtype, kv = request.param
+    dtype, kv, quantization = request.param
     eng = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=4, max_len=256, threads=2, dtype=dtype,
-                                 prefix_cache_tokens=1024, kv_cache_dtype=kv))
+                                 prefix_cache_tokens=1024, kv_cache_dtype=kv, quantization=quantization))
     activations = eng.runner.decoder.dtype  # fp32 in the mixed mode, bf16 on oneDNN
     assert eng.runner.cache.k.dtype == {"auto": activations, "bfloat16": torch.bfloat16, "int8": torch.int8}[kv]
     assert eng.cache_config["cache_dtype"] == kv

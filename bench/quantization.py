@@ -1,0 +1,128 @@
+"""What int8 weights (`quantization: int8`) buy and cost: `python -m bench.quantization [--skip-speed]`.
+
+Speed: our LLMEngine in fp32, bf16 and int8 weights (from the fp32 checkpoint), each in a process of its own,
+alternated (fp32, bf16, int8, fp32, ...), generating for B = 1, 8 and 16 prompts at once exactly 64 greedy tokens
+(bench/peer_engines.py `measure_engine`: the same prompts and timing as the engine-against-engine runs); the
+median of each side's runs, the process's peak resident memory, and ratios against fp32 and bf16.
+
+Accuracy: through the fused decoder, perplexity over the fixed text of bench/kv_accuracy.py and greedy agreement of
+a few chat answers, each variant against the fp32 model (docs/quantization.md). Run it alone on the box: the speed
+half is a measurement of memory traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.peer_runs import MODEL_DIR
+from devstack.triton import REPO_ROOT
+
+VARIANTS = (("float32", "none"), ("bfloat16", "none"), ("float32", "int8"))
+ACCURACY_VARIANTS = (("float32", "none"), ("float32", "int8"), ("bfloat16", "none"), ("bfloat16", "int8"))
+
+
+def name(dtype: str, quantization: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16"}[dtype] + (f"+{quantization}" if quantization != "none" else "")
+
+
+def measure_speed(dtype: str, quantization: str) -> dict[str, float]:
+    from bench.peer_engines import measure_engine
+    from engine.llm_engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(str(MODEL_DIR), max_slots=32, max_len=2048, dtype=dtype,
+                                    quantization=quantization))
+    engine.start()
+    try:
+        figures = measure_engine(engine)
+    finally:
+        engine.stop()
+    figures["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return figures
+
+
+def _run(variant: tuple[str, str], log: Path) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "bench.quantization", "--measure", *variant]
+    with open(log, "w") as out:
+        subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=1800, check=True)
+    for line in log.read_text().splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{variant}: no RESULT line in {log}")
+
+
+def speed(rounds: int) -> None:
+    runs: dict[str, list[dict[str, float]]] = {name(*v): [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="bench-quantization-") as logs:
+        for n in range(rounds):
+            for variant in VARIANTS:
+                figures = _run(variant, Path(logs) / f"{name(*variant)}-{n}.log")
+                runs[name(*variant)].append(figures)
+                print(f"[{name(*variant)} {n}] " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
+    medians = {side: {k: statistics.median(r[k] for r in side_runs) for k in side_runs[0]}
+               for side, side_runs in runs.items()}
+    print("| weights | B=1 tok/s | B=8 | B=16 | peak RSS MiB |\n|---|---|---|---|---|")
+    for side, m in medians.items():
+        print(f"| {side} | {m['tok_s_b1']:.1f} | {m['tok_s_b8']:.1f} | {m['tok_s_b16']:.1f} "
+              f"| {m['peak_rss_mib']:.0f} |")
+    for base in ("fp32", "bf16"):
+        for b in (1, 8, 16):
+            ratio = medians["fp32+int8"][f"tok_s_b{b}"] / medians[base][f"tok_s_b{b}"]
+            print(f"int8_over_{base}_b{b}: {ratio:.3f}")
+
+
+def accuracy(tokens: int, answer_tokens: int) -> None:
+    import torch
+
+    from bench.kv_accuracy import CHUNK, _all_position_logits, _common_prefix, _greedy, chat_prompts, fixed_text
+    from engine.model.decoder import Decoder
+    from engine.model.loading import load_model
+
+    print("| model | weights | perplexity | vs fp32 | same answers | tokens before a difference |")
+    print("|---|---|---|---|---|---|")
+    base_nll, base_answers = None, None
+    for dtype, quantization in ACCURACY_VARIANTS:
+        with torch.inference_mode():
+            model, tokenizer, _ = load_model(str(MODEL_DIR), getattr(torch, dtype), "cpu")
+            decoder = Decoder(model, tokens + CHUNK, quantization)
+            ids = tokenizer(fixed_text()).input_ids[:tokens]
+            prompts = chat_prompts(tokenizer)
+            cache = decoder.new_cache(1, tokens + CHUNK)
+            nll = -_all_position_logits(decoder, cache, ids).mean().item()
+            answers = [_greedy(decoder, cache, p, answer_tokens) for p in prompts]
+        if base_nll is None:
+            base_nll, base_answers = nll, answers
+        same = sum(a == b for a, b in zip(answers, base_answers, strict=True))
+        prefix = sum(_common_prefix(a, b) for a, b in zip(answers, base_answers, strict=True)) / len(answers)
+        print(f"| {MODEL_DIR.name} | {name(dtype, quantization)} | {math.exp(nll):.4f} | "
+              f"{100 * (math.exp(nll - base_nll) - 1):+.2f}% | {same}/{len(answers)} | {prefix:.1f}/{answer_tokens} |",
+              flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--measure", nargs=2, metavar=("DTYPE", "QUANTIZATION"), help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=2, help="alternated runs of each variant")
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--tokens", type=int, default=3000, help="tokens of the fixed text")
+    parser.add_argument("--answer-tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.measure:
+        print("RESULT " + json.dumps(measure_speed(*args.measure)), flush=True)
+        return
+    if not args.skip_accuracy:
+        accuracy(args.tokens, args.answer_tokens)
+    if not args.skip_speed:
+        speed(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
