@@ -45,7 +45,7 @@ model: $(MODEL_DIR)/.complete $(LORA_DIR)/.complete $(VLM_DIR)/.complete $(GEMMA
 
 # MODEL=<Hugging Face folder>: that model alone (SERVED_NAME names it; MODEL_KIND=gpu for bf16 on a GPU;
 # KV_CACHE_DTYPE=bfloat16 or int8 stores its K/V narrower, 2x or about 4x the tokens in the same memory;
-# QUANTIZATION=int8 its linears' weights, a quarter of fp32's bytes);
+# QUANTIZATION=int8 or int4 its linears' weights, quantized at load: docs/quantization.md);
 # MODEL_REPOSITORY=<dir>: a model repository of your own (docs/own-model.md). Neither: model_repository/.
 MODEL ?=
 MODEL_REPOSITORY ?=

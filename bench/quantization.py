@@ -1,7 +1,7 @@
-"""What int8 weights (`quantization: int8`) buy and cost: `python -m bench.quantization [--skip-speed]`.
+"""What quantized weights (`quantization: int8 | int4`) buy and cost: `python -m bench.quantization [--skip-speed]`.
 
-Speed: our LLMEngine in fp32, bf16 and int8 weights (from the fp32 checkpoint), each in a process of its own,
-alternated (fp32, bf16, int8, fp32, ...), generating for B = 1, 8 and 16 prompts at once exactly 64 greedy tokens
+Speed: our LLMEngine in fp32, bf16, int8 and int4 weights (from the fp32 checkpoint), each in a process of its own,
+alternated (fp32, bf16, int8, int4, fp32, ...), generating for B = 1, 8 and 16 prompts at once exactly 64 greedy tokens
 (bench/peer_engines.py `measure_engine`: the same prompts and timing as the engine-against-engine runs); the
 median of each side's runs, the process's peak resident memory, and ratios against fp32 and bf16.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,8 +24,9 @@ from pathlib import Path
 from bench.peer_runs import MODEL_DIR
 from devstack.triton import REPO_ROOT
 
-VARIANTS = (("float32", "none"), ("bfloat16", "none"), ("float32", "int8"))
-ACCURACY_VARIANTS = (("float32", "none"), ("float32", "int8"), ("bfloat16", "none"), ("bfloat16", "int8"))
+VARIANTS = (("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "int4"))
+ACCURACY_VARIANTS = (("float32", "none"), ("float32", "int8"), ("float32", "int4"), ("bfloat16", "none"),
+                     ("bfloat16", "int8"))
 
 
 def name(dtype: str, quantization: str) -> str:
@@ -44,8 +44,18 @@ def measure_speed(dtype: str, quantization: str) -> dict[str, float]:
         figures = measure_engine(engine)
     finally:
         engine.stop()
-    figures["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    figures["peak_rss_mib"], figures["rss_mib"] = memory_mib("VmHWM"), memory_mib("VmRSS")
     return figures
+
+
+def memory_mib(field: str) -> float:
+    """This process's resident memory now (`VmRSS`) or at its peak since its exec (`VmHWM`: ru_maxrss would carry
+    the peak of the parent it was forked from across exec). The peak is the load's: the full-precision model and
+    its quantized copy side by side."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _run(variant: tuple[str, str], log: Path) -> dict[str, float]:
@@ -68,14 +78,15 @@ def speed(rounds: int) -> None:
                 print(f"[{name(*variant)} {n}] " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
     medians = {side: {k: statistics.median(r[k] for r in side_runs) for k in side_runs[0]}
                for side, side_runs in runs.items()}
-    print("| weights | B=1 tok/s | B=8 | B=16 | peak RSS MiB |\n|---|---|---|---|---|")
+    print("| weights | B=1 tok/s | B=8 | B=16 | RSS MiB after the runs (peak, at load) |\n|---|---|---|---|---|")
     for side, m in medians.items():
         print(f"| {side} | {m['tok_s_b1']:.1f} | {m['tok_s_b8']:.1f} | {m['tok_s_b16']:.1f} "
-              f"| {m['peak_rss_mib']:.0f} |")
-    for base in ("fp32", "bf16"):
-        for b in (1, 8, 16):
-            ratio = medians["fp32+int8"][f"tok_s_b{b}"] / medians[base][f"tok_s_b{b}"]
-            print(f"int8_over_{base}_b{b}: {ratio:.3f}")
+              f"| {m['rss_mib']:.0f} ({m['peak_rss_mib']:.0f}) |")
+    for quantized in ("int8", "int4"):
+        for base in ("fp32", "bf16"):
+            for b in (1, 8, 16):
+                ratio = medians[f"fp32+{quantized}"][f"tok_s_b{b}"] / medians[base][f"tok_s_b{b}"]
+                print(f"{quantized}_over_{base}_b{b}: {ratio:.3f}")
 
 
 def accuracy(tokens: int, answer_tokens: int) -> None:

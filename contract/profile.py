@@ -106,9 +106,9 @@ PARAMETERS: tuple[Parameter, ...] = (
               choices=("auto", "float32", "bfloat16", "float16")),
     Parameter("model_impl", "str", "auto", "engine", "`auto`, `fused` or `transformers` ([models.md](models.md))",
               choices=("auto", "fused", "transformers")),
-    Parameter("quantization", "str", "none", "engine", "`none`, or `int8`: the linears' weights quantized at load, "
-              "one scale per output column, on our AVX-512 kernels (fused forward; a quarter of fp32's weight bytes; "
-              "[quantization.md](quantization.md))", choices=("none", "int8")),
+    Parameter("quantization", "str", "none", "engine", "`none`, `int8` or `int4`: the linears' weights quantized "
+              "at load (int8: a scale per output column; int4: a scale and minimum per 32 weights), on our AVX-512 "
+              "kernels (fused forward; [quantization.md](quantization.md))", choices=("none", "int8", "int4")),
     Parameter("chat_template", "str", None, "engine", "a template file in the model's folder, for tokenizers that "
               "have none", doc_default="the tokenizer's"),
     Parameter("stop_tokens", "csv", (), "engine", "comma-separated tokens that end a turn, with such a "

@@ -1,7 +1,7 @@
 """Write one Triton model folder (config.pbtxt + 1/model.py) for a Hugging Face model folder, into any repository.
 
     python -m devstack.add_model <folder> --repository <dir> [--name SERVED] [--kind cpu|gpu] [--model-path PATH]
-        [--kv-cache-dtype auto|bfloat16|int8] [--quantization none|int8]
+        [--kv-cache-dtype auto|bfloat16|int8] [--quantization none|int8|int4]
 
 Everything in the profile comes from the model's own files (devstack/model_profile.py). The tensor contract and
 the thin model.py are those of model_repository/smollm2_135m_instruct, so every model speaks the same contract
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-name", help="the Triton model name (default: derived from the served name)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "bfloat16", "int8"), default="auto",
                         help="how K/V are stored (bfloat16: twice the tokens in the same memory, int8 about 4x)")
-    parser.add_argument("--quantization", choices=("none", "int8"), default="none",
-                        help="the linears' weights as int8 at load (a quarter of fp32's bytes; AVX-512)")
+    parser.add_argument("--quantization", choices=("none", "int8", "int4"), default="none",
+                        help="the linears' weights as int8 or 4-bit at load (AVX-512; docs/quantization.md)")
     args = parser.parse_args(argv)
     try:
         target = add_model(args.folder, args.repository, name=args.name, kind=args.kind, model_path=args.model_path,

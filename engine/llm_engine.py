@@ -27,7 +27,7 @@ from engine.inputs.vision import VisionPrompter
 from engine.lora_runtime import LoraLimits, LoraRuntime, requests_info
 from engine.model.decoder import Decoder
 from engine.model.kv_cache import kv_dtype_for, kv_tokens_for
-from engine.model.loading import load_model
+from engine.model.loading import load_model, release_linear_weights
 from engine.model.lora import load_adapters
 from engine.model.selection import build_decoder
 from engine.request import EngineRequest, RequestOutput
@@ -68,7 +68,7 @@ class EngineConfig:
     max_lora_rank: int = 64  # the highest adapter rank a run-time load accepts
     kv_budget_tokens: int | None = None  # KV memory in positions, the prefix cache's included (None: slots x len)
     kv_memory: int | float | None = None  # KV memory in bytes, or a fraction of free memory: sets kv_budget_tokens
-    quantization: str = "none"  # none | int8: the linears' weights as int8 (engine.model.decoder)
+    quantization: str = "none"  # none | int8 | int4: the linears' weights, quantized at load (engine.model.decoder)
     kv_cache_dtype: str = "auto"  # K/V stored as: auto (the activations' dtype), bfloat16 or int8 (model.kv_cache)
     prefix_cache_tokens: int = 8192  # at most this much of it keeps past prompts for reuse (0: off); yields to running
     reasoning: bool = False  # the model thinks in <think>...</think>: split it from the content
@@ -142,6 +142,8 @@ class LLMEngine:
             self.tokenizer.chat_template = config.chat_template
         decoder = build_decoder(model, config.model_impl, config.max_len, config.quantization)
         fused = isinstance(decoder, Decoder)
+        if config.quantization != "none":  # the forward holds its int8 copies: the full-precision ones go
+            release_linear_weights(model)
         if processor is not None:
             self.vision = VisionPrompter(model, processor, self.tokenizer, decoder.embed)
         graphs = on_gpu and config.cuda_graphs and fused  # captured for the fused forward only

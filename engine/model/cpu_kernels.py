@@ -25,9 +25,8 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "tiled_linear.cpp", KERNELS / "tiled_linear_bf16.cpp", KERNELS / "tiled_linear_int8.cpp",
-           KERNELS / "causal_attention.cpp",
-           KERNELS / "attention_bf16.cpp", KERNELS / "layer_ops.cpp", KERNELS / "lora_add.cpp",
-           KERNELS / "row_ops.cpp"]
+           KERNELS / "tiled_linear_int4.cpp", KERNELS / "causal_attention.cpp", KERNELS / "attention_bf16.cpp",
+           KERNELS / "layer_ops.cpp", KERNELS / "lora_add.cpp", KERNELS / "row_ops.cpp"]
 HEADERS = sorted(KERNELS.glob("*.h"))  # part of the cache key, not compiled on their own
 
 # -fopenmp: at::parallel_for is inline OpenMP, without it the ops run on one thread. -ffp-contract=off: a written

@@ -27,10 +27,12 @@ from engine.model.layer_ops import LayerOps, rms_norm
 from engine.model.linear_kernels import Weight, choose_kind, dense, linear, pack
 from engine.model.loading import language_model, unsupported_features
 from engine.model.lora import AdapterTable, LoraBatch
-from engine.model.tiled_linear import TiledWeight
+from engine.model.tiled_linear import Int4TiledWeight, TiledWeight
 from engine.staging import stage
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+# the profile's `quantization` -> how a layer linear is laid out (docs/quantization.md)
+QUANTIZATIONS = {"int8": TiledWeight.int8, "int4": Int4TiledWeight}
 
 
 @dataclass
@@ -63,8 +65,9 @@ class Decoder:
     """Prefill and batched decode over a paged KV cache passed in; rows are the cache's slots.
 
     `max_len`: the longest sequence it runs (RoPE tables; a sliding window shorter than it is rejected);
-    `quantization`: `none`, or `int8` (the layers' linears and the LM head as int8 with a scale per output column,
-    engine.model.tiled_linear `TiledWeight.int8`; the embeddings, norms and activations keep their precision)."""
+    `quantization`: `none`; `int8` (the layers' linears and the LM head as int8 with a scale per output column,
+    engine.model.tiled_linear `TiledWeight.int8`); `int4` (the layers' linears at 4 bits in groups of 32,
+    `Int4TiledWeight`, the LM head int8). The embeddings, norms and activations keep their precision."""
 
     def __init__(self, hf_model: torch.nn.Module, max_len: int, quantization: str = "none") -> None:
         config, inner, arch = language_model(hf_model)  # a VLM's language model too
@@ -88,8 +91,8 @@ class Decoder:
         # GEMM path by the CPU's ISA (engine.model.linear_kernels; timed only when asked); weights prepacked if oneDNN
         self.linear_kind = "torch"
         self.quantization = quantization
-        if quantization == "int8":
-            self._quantize_int8()
+        if quantization != "none":
+            self._quantize(quantization)
         else:
             first = self.layers[0]
             self.set_linear_kind(choose_kind(self.device, [dense(w) for w in (first.qkv, first.o_proj,
@@ -137,12 +140,17 @@ class Decoder:
         self.lm_head = pack(self.lm_head, kind)
         self.linear_kind = kind
 
-    def _quantize_int8(self) -> None:
+    def _quantize(self, quantization: str) -> None:
+        """The layers' linears at `quantization` and the LM head at int8 (at 4 bits the logits would lose most:
+        llama.cpp's Q4_K_M keeps its output matrix at 6 bits)."""
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of none, {', '.join(QUANTIZATIONS)}, not {quantization!r}")
         if self.device.type != "cpu" or not tiled_linear.runs(torch.int8):
-            raise ValueError("quantization int8 runs on our CPU kernels, which need AVX-512 and a C++ compiler here; "
-                             "serve this model unquantized (quantization: none)")
+            raise ValueError(f"quantization {quantization} runs on our CPU kernels, which need AVX-512 and a C++ "
+                             "compiler here; serve this model unquantized (quantization: none)")
+        layout = QUANTIZATIONS[quantization]
         for w in self.layers:
-            w.qkv, w.o_proj, w.gate_up, w.down = (TiledWeight.int8(t) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
+            w.qkv, w.o_proj, w.gate_up, w.down = (layout(t) for t in (w.qkv, w.o_proj, w.gate_up, w.down))
         self.lm_head = TiledWeight.int8(self.lm_head)
         self.linear_kind = "tiled"
 

@@ -62,6 +62,21 @@ def language_model(hf_model: torch.nn.Module) -> tuple[Any, torch.nn.Module, str
     return text_config, inner, TEXT_ARCHITECTURES.get(text_config.model_type, text_config.model_type)
 
 
+def release_linear_weights(hf_model: torch.nn.Module) -> None:
+    """Let go of the decoder layers' linear weights (and an untied LM head's): each becomes a stride-0 view of one
+    zero, with its shape and dtype and no memory. Once the fused forward holds its own quantized copies the model's
+    are dead weight, the size of the whole model; the shapes stay for LoRA's checks and peft's wrapping."""
+    _, inner, _ = language_model(hf_model)
+    linears = [m for m in inner.layers.modules() if isinstance(m, torch.nn.Linear)]
+    head = hf_model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear) and head.weight is not inner.embed_tokens.weight:
+        linears.append(head)
+    for linear in linears:
+        weight = linear.weight
+        linear.weight = torch.nn.Parameter(torch.zeros((), dtype=weight.dtype, device=weight.device)
+                                           .expand(weight.shape), requires_grad=False)
+
+
 def unsupported_features(config: Any, inner: torch.nn.Module, max_len: int) -> list[str]:
     """What the model uses that Decoder would silently compute wrong, each named as its config does.
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.model.cpu_kernels import available
 
-__all__ = ["TILE", "TiledWeight", "available", "runs", "tiled_linear"]
+__all__ = ["TILE", "Int4TiledWeight", "TiledWeight", "available", "runs", "tiled_linear"]
 
 TILE = 16  # output columns per tile (the kernel's layout)
 PAD_TILES = 6  # N is padded to a multiple of TILE * PAD_TILES: the kernel's panels of 3 (AVX-512) or 2 (AVX2) tiles
@@ -39,7 +39,7 @@ def runs(dtype: torch.dtype) -> bool:
     13.9-16.5 / 290-302 ms against oneDNN's 16.6 / 13.9 / 18.5 / 278, with rows that never depend on their batch."""
     if dtype == torch.float32:
         return available()
-    if dtype == torch.int8:
+    if dtype in (torch.int8, torch.uint8):  # int8, and 4 bits two a byte (Int4TiledWeight)
         return available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
     return dtype == torch.bfloat16 and available() and torch.ops.sie_kernels.has_avx512_bf16()
 
@@ -93,14 +93,54 @@ class TiledWeight:
         return dense[: self.out_features, : self.in_features].contiguous()
 
 
+class Int4TiledWeight(TiledWeight):
+    """A [N, K] weight at 4 bits in groups of 32 along K, each group of a column with an fp16 scale and minimum
+    (w = q * scale + min, q in 0..15: GGUF Q4_1's arithmetic, 5 bits a weight with the scales), laid out as the int4
+    kernel reads it (engine/model/kernels/tiled_linear_int4.cpp): `tiles` [N/16, K/2, 16] uint8, a column's k and
+    k + 1 in one byte's low and high nibble; `scales` and `mins` [N/16, K/32, 16] fp16. N is padded to a multiple of
+    96 and K to one of 32, with zeros."""
+
+    GROUP = 32
+
+    def __init__(self, weight: torch.Tensor) -> None:  # its own layout: not TiledWeight's
+        n, k = weight.shape
+        self.out_features, self.in_features = n, k
+        padded_n = -(-n // (TILE * PAD_TILES)) * TILE * PAD_TILES
+        padded_k = -(-k // self.GROUP) * self.GROUP
+        w = F.pad(weight.detach().float(), (0, padded_k - k, 0, padded_n - n))
+        groups = w.view(padded_n, padded_k // self.GROUP, self.GROUP)
+        low, high = groups.amin(dim=2), groups.amax(dim=2)
+        mins = low.half()
+        scales = ((high - mins.float()) / 15).half()  # the rounded values are the ones the kernel multiplies
+        step = torch.where(scales.float() > 0, scales.float(), torch.ones_like(low))
+        q = torch.round((groups - mins.float()[..., None]) / step[..., None]).clamp(0, 15).to(torch.uint8)
+        q = q.view(padded_n, padded_k)
+        packed = q[:, 0::2] | (q[:, 1::2] << 4)
+        self.tiles = packed.view(padded_n // TILE, TILE, padded_k // 2).transpose(1, 2).contiguous()
+        self.scales = scales.view(padded_n // TILE, TILE, -1).transpose(1, 2).contiguous()
+        self.mins = mins.view(padded_n // TILE, TILE, -1).transpose(1, 2).contiguous()
+
+    def dense(self) -> torch.Tensor:
+        """The de-quantized [N, K] weight, fp32."""
+        packed = self.tiles.transpose(1, 2).reshape(-1, self.tiles.shape[1])
+        q = torch.stack((packed & 0xF, packed >> 4), dim=2).view(packed.shape[0], -1).float()
+        scales, mins = (t.transpose(1, 2).reshape(packed.shape[0], -1).float() for t in (self.scales, self.mins))
+        groups = q.view(q.shape[0], -1, self.GROUP) * scales[..., None] + mins[..., None]
+        return groups.view(q.shape)[: self.out_features, : self.in_features].contiguous()
+
+
 def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None = None,
                  avx2: bool = False, amx: bool = True) -> torch.Tensor:
     """F.linear(x, W, bias) through the tiled kernel; x [..., K]. fp32 weights take fp32 x. bf16 weights take bf16
     or fp32 x (rounded to bf16 as it is read), and the result is in x's dtype: fp32 x gets the fp32 accumulators
-    unrounded. int8 weights take and give fp32. `avx2`: force the fp32 kernel's AVX2 variant; `amx=False`: the bf16
-    kernel's vdpbf16ps variant where the CPU has AMX (tests)."""
+    unrounded. int8 and 4-bit weights take and give fp32. `avx2`: force the fp32 kernel's AVX2 variant;
+    `amx=False`: the bf16 kernel's vdpbf16ps variant where the CPU has AMX (tests)."""
     rows = x.reshape(-1, x.shape[-1])
-    if weight.dtype == torch.int8:
+    if isinstance(weight, Int4TiledWeight):
+        padded_k = weight.tiles.shape[1] * 2
+        rows = F.pad(rows.float(), (0, padded_k - weight.in_features))  # zeros: no term, no share of a group's sum
+        out = torch.ops.sie_kernels.tiled_linear_int4(rows, weight.tiles, weight.scales, weight.mins)
+    elif weight.dtype == torch.int8:
         out = torch.ops.sie_kernels.tiled_linear_int8(rows.float(), weight.tiles, weight.scales)
     elif weight.dtype == torch.bfloat16:
         if weight.in_features % 2:

@@ -31,8 +31,8 @@ class Stack:
     log_dir: Path
     triton_pid: int = 0
 
-    def triton_metric(self, name: str) -> float:
-        return metric_value(scrape(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5), name)
+    def triton_metric(self, name: str, **labels: str) -> float:
+        return metric_value(scrape(f"http://127.0.0.1:{self.triton.metrics}/metrics", timeout=5), name, **labels)
 
 
 # package scope: the stacks go down when the e2e tests end, so they do not idle beside the unit tests

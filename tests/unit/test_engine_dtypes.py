@@ -12,8 +12,8 @@ where the CPU has native bf16).
   differed greedy, 3 seeded.
 - Each of them with the KV cache in bf16 (`kv_cache_dtype: bfloat16`) too, and fp32 with it in int8: K/V rounded
   once as they are written, the same two guarantees within that KV dtype.
-- int8 weights (`quantization: int8`, from fp32 or bf16 weights): the same two within that quantization (fp32
-  activations, one FMA chain a column whatever the batch).
+- int8 weights (`quantization: int8`, from fp32 or bf16 weights) and 4-bit ones (`int4`): the same two within that
+  quantization (fp32 activations, one FMA chain a column whatever the batch).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ DTYPES = [("float32", "auto", "none"), ("float32", "bfloat16", "none"), ("float3
           pytest.param(("bfloat16", "auto", "none"), marks=_NO_BF16),
           pytest.param(("bfloat16", "bfloat16", "none"), marks=_NO_BF16),
           pytest.param(("float32", "auto", "int8"), marks=_NO_INT8),
+          pytest.param(("float32", "auto", "int4"), marks=_NO_INT8),
           pytest.param(("bfloat16", "auto", "int8"), marks=[_NO_BF16, _NO_INT8])]
 
 

@@ -95,7 +95,7 @@ def test_an_unknown_key_is_named_with_the_closest_known_one():
     ("lora_paths", "{", "not valid JSON"),
     ("lora_paths", '{"a": 1}', "adapter name to a folder"),
     ("default_sampling", "[0.2]", "JSON object"),
-    ("quantization", "int4", "one of"),
+    ("quantization", "int2", "one of"),
     ("chat_template_kwargs", '"x"', "JSON object"),
 ])
 def test_a_bad_value_is_named(key, value, says):
