@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI
 
 from bench.chatload_workload import QUESTIONS, SERVED, WORDS, quantile
 from bench.peer_runs import repository_in_dtype, with_parameter
@@ -49,22 +49,26 @@ async def tenant_a(base_url: str, inflight: int, stop: asyncio.Event, tokens: li
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def tenant_b(base_url: str, priority: int, until: float, ttfts: list[float]) -> None:
-    """Two clients sending short streamed chats back to back until `until`; records each TTFT."""
+async def tenant_b(base_url: str, priority: int, until: float, ttfts: list[float], errors: list[str]) -> None:
+    """Two clients sending short streamed chats back to back until `until`; records each TTFT, and each error's code
+    (under fcfs a chat behind a flood that holds every row waits past the gateway's first-chunk timeout: a 504)."""
     async with AsyncOpenAI(base_url=f"{base_url}/v1", api_key=KEY_B, timeout=300, max_retries=0) as client:
         async def loop(worker: int) -> None:
             count = 0
             while time.monotonic() < until:
                 count += 1
                 t0 = time.perf_counter()
-                stream = await client.chat.completions.create(
-                    model=SERVED, messages=[{"role": "user", "content": f"{QUESTIONS[count % len(QUESTIONS)]} "
-                                             f"(chat {worker}-{count})"}],
-                    max_tokens=16, temperature=0, stream=True, extra_body={"priority": priority})
                 first = None
-                async for chunk in stream:
-                    if first is None and chunk.choices and chunk.choices[0].delta.content:
-                        first = time.perf_counter() - t0
+                try:
+                    stream = await client.chat.completions.create(
+                        model=SERVED, messages=[{"role": "user", "content": f"{QUESTIONS[count % len(QUESTIONS)]} "
+                                                 f"(chat {worker}-{count})"}],
+                        max_tokens=16, temperature=0, stream=True, extra_body={"priority": priority})
+                    async for chunk in stream:
+                        if first is None and chunk.choices and chunk.choices[0].delta.content:
+                            first = time.perf_counter() - t0
+                except APIStatusError as exc:
+                    errors.append(str(exc.status_code))
                 if first is not None:
                     ttfts.append(first)
 
@@ -78,14 +82,15 @@ async def measure(base_url: str, inflight: int, b_priority: int, warmup: float, 
     await asyncio.sleep(warmup if inflight else 0)
     start = time.monotonic()
     ttfts: list[float] = []
-    await tenant_b(base_url, b_priority, start + window, ttfts)
+    errors: list[str] = []
+    await tenant_b(base_url, b_priority, start + window, ttfts, errors)
     end = time.monotonic()
     stop.set()
     if flood is not None:
         await flood
     served = sum(count for at, count in a_tokens if start <= at <= end)
     return {"b_ttft_p50": quantile(ttfts, 0.5), "b_ttft_p90": quantile(ttfts, 0.9), "b_chats": len(ttfts),
-            "a_tok_s": served / (end - start)}
+            "b_errors": ", ".join(errors) or "none", "a_tok_s": served / (end - start)}
 
 
 def run(spec: str, warmup: float, window: float) -> dict[str, float]:
@@ -115,7 +120,8 @@ def main() -> None:
     for spec in args.runs:
         figures = run(spec, args.warmup, args.window)
         print(f"noisy {spec}: B TTFT p50 {figures['b_ttft_p50']:.3f} s p90 {figures['b_ttft_p90']:.3f} s "
-              f"({figures['b_chats']:g} chats), A {figures['a_tok_s']:.1f} tok/s", flush=True)
+              f"({figures['b_chats']:g} chats, errors: {figures['b_errors']}), A {figures['a_tok_s']:.1f} tok/s",
+              flush=True)
 
 
 if __name__ == "__main__":
