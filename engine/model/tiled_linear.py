@@ -97,8 +97,8 @@ class Int4TiledWeight(TiledWeight):
     """A [N, K] weight at 4 bits in groups of 32 along K, each group of a column with an fp16 scale and minimum
     (w = q * scale + min, q in 0..15: GGUF Q4_1's arithmetic, 5 bits a weight with the scales), laid out as the int4
     kernel reads it (engine/model/kernels/tiled_linear_int4.cpp): `tiles` [N/16, K/2, 16] uint8, a column's k and
-    k + 1 in one byte's low and high nibble; `scales` and `mins` [N/16, K/32, 16] fp16. N is padded to a multiple of
-    96 and K to one of 32, with zeros."""
+    k + 1 in one byte's low and high nibble; `group_scales` and `group_mins` [N/16, K/32, 16] fp16. N is padded to
+    a multiple of 96 and K to one of 32, with zeros."""
 
     GROUP = 32
 
@@ -117,14 +117,16 @@ class Int4TiledWeight(TiledWeight):
         q = q.view(padded_n, padded_k)
         packed = q[:, 0::2] | (q[:, 1::2] << 4)
         self.tiles = packed.view(padded_n // TILE, TILE, padded_k // 2).transpose(1, 2).contiguous()
-        self.scales = scales.view(padded_n // TILE, TILE, -1).transpose(1, 2).contiguous()
-        self.mins = mins.view(padded_n // TILE, TILE, -1).transpose(1, 2).contiguous()
+        self.scales = None  # TiledWeight's one scale a column: none here
+        self.group_scales = scales.view(padded_n // TILE, TILE, -1).transpose(1, 2).contiguous()
+        self.group_mins = mins.view(padded_n // TILE, TILE, -1).transpose(1, 2).contiguous()
 
     def dense(self) -> torch.Tensor:
         """The de-quantized [N, K] weight, fp32."""
         packed = self.tiles.transpose(1, 2).reshape(-1, self.tiles.shape[1])
         q = torch.stack((packed & 0xF, packed >> 4), dim=2).view(packed.shape[0], -1).float()
-        scales, mins = (t.transpose(1, 2).reshape(packed.shape[0], -1).float() for t in (self.scales, self.mins))
+        scales, mins = (t.transpose(1, 2).reshape(packed.shape[0], -1).float()
+                        for t in (self.group_scales, self.group_mins))
         groups = q.view(q.shape[0], -1, self.GROUP) * scales[..., None] + mins[..., None]
         return groups.view(q.shape)[: self.out_features, : self.in_features].contiguous()
 
@@ -139,7 +141,7 @@ def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None
     if isinstance(weight, Int4TiledWeight):
         padded_k = weight.tiles.shape[1] * 2
         rows = F.pad(rows.float(), (0, padded_k - weight.in_features))  # zeros: no term, no share of a group's sum
-        out = torch.ops.sie_kernels.tiled_linear_int4(rows, weight.tiles, weight.scales, weight.mins)
+        out = torch.ops.sie_kernels.tiled_linear_int4(rows, weight.tiles, weight.group_scales, weight.group_mins)
     elif weight.dtype == torch.int8:
         out = torch.ops.sie_kernels.tiled_linear_int8(rows.float(), weight.tiles, weight.scales)
     elif weight.dtype == torch.bfloat16:

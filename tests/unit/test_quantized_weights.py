@@ -30,7 +30,7 @@ def test_int4_quantization_is_within_half_a_step_of_each_group():
     torch.manual_seed(0)
     w = torch.randn(100, 70) * torch.linspace(0.01, 3, 70)  # groups of very different ranges; K padded to 96
     q = Int4TiledWeight(w)
-    assert q.tiles.dtype == torch.uint8 and q.tiles.shape == (12, 48, 16) and q.scales.shape == (12, 3, 16)
+    assert q.tiles.dtype == torch.uint8 and q.tiles.shape == (12, 48, 16) and q.group_scales.shape == (12, 3, 16)
     padded = F.pad(w, (0, 26)).view(100, 3, 32)
     step = ((padded.amax(dim=2) - padded.amin(dim=2)) / 15)[..., None]
     error = (F.pad(q.dense() - w, (0, 26)).view(100, 3, 32)).abs()
