@@ -16,10 +16,10 @@ from collections.abc import Generator
 import pytest
 
 # The allow-list: skips that stay skips under CI=true. Each such test says in its reason that it runs only
-# "where the CPU has" a feature (AVX512_BF16, native bf16, AMX), or that llm-d's endpoint picker is missing: it is
-# a Go binary whose modules these machines cannot fetch, so no install step can add it either. Add a phrase here
-# only for such a reason.
-CPU_FEATURE_SKIP = re.compile(r"where the CPU has (AVX512_BF16|native bf16|AMX)", re.IGNORECASE)
+# "where the CPU has" a feature (AVX512_BF16, native bf16, AMX, AVX-512), or that llm-d's endpoint picker is
+# missing: it is a Go binary whose modules these machines cannot fetch, so no install step can add it either. Add a
+# phrase here only for such a reason.
+CPU_FEATURE_SKIP = re.compile(r"where the CPU has (AVX512_BF16|native bf16|AMX|AVX-512)", re.IGNORECASE)
 EPP_SKIP = re.compile(r"no `epp` binary on PATH")
 
 

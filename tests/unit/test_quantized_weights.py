@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model import tiled_linear
 from engine.model.linear_kernels import linear
 from engine.model.tiled_linear import Int4TiledWeight, TiledWeight
 from tests.unit.tiny_models import tiny_llama
 
-needs_int8 = pytest.mark.skipif(not tiled_linear.runs(torch.int8), reason="int8 weights run on our AVX-512 kernels")
+# on the CPU's feature alone: where it has AVX-512, kernels that fail to build must fail these tests, not skip them
+needs_int8 = pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+                                reason="quantized weights run where the CPU has AVX-512 (our kernels)")
 
 
 def test_int8_quantization_is_within_half_a_step_of_each_column():
