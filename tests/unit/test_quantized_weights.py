@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.model import tiled_linear
 from engine.model.linear_kernels import linear
 from engine.model.tiled_linear import Int4TiledWeight, TiledWeight
 from tests.unit.tiny_models import tiny_llama
@@ -15,6 +16,13 @@ from tests.unit.tiny_models import tiny_llama
 # on the CPU's feature alone: where it has AVX-512, kernels that fail to build must fail these tests, not skip them
 needs_int8 = pytest.mark.skipif(not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
                                 reason="quantized weights run where the CPU has AVX-512 (our kernels)")
+
+
+@pytest.fixture
+def kernels() -> None:
+    """Our CPU ops built (once) and loaded, as the engine's load does before its first forward; on an AVX-512 box a
+    build that fails fails the test."""
+    assert tiled_linear.runs(torch.int8), "our CPU kernels did not build here"
 
 
 def test_int8_quantization_is_within_half_a_step_of_each_column():
@@ -45,7 +53,8 @@ LAYOUTS = [pytest.param(TiledWeight.int8, id="int8"), pytest.param(Int4TiledWeig
 @needs_int8
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("out_features", "in_features", "rows"), [(96, 64, 1), (100, 64, 8), (200, 63, 37)])
-def test_tiled_quantized_kernels_compute_the_dequantized_product(layout, out_features, in_features, rows):
+def test_tiled_quantized_kernels_compute_the_dequantized_product(kernels, layout, out_features, in_features,
+                                                                  rows):
     torch.manual_seed(0)
     w, b, x = torch.randn(out_features, in_features), torch.randn(out_features), torch.randn(rows, in_features)
     q = layout(w)
@@ -56,7 +65,7 @@ def test_tiled_quantized_kernels_compute_the_dequantized_product(layout, out_fea
 
 @needs_int8
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_tiled_quantized_rows_do_not_depend_on_their_batch(layout):
+def test_tiled_quantized_rows_do_not_depend_on_their_batch(kernels, layout):
     torch.manual_seed(0)
     w, x = torch.randn(160, 96), torch.randn(29, 96)
     q = layout(w)
