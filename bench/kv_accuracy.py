@@ -52,7 +52,7 @@ def chat_prompts(tokenizer) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=not tokenizer.chat_template).input_ids for t in texts]
 
 
-def _all_position_logits(decoder, cache, ids: list[int]) -> torch.Tensor:
+def all_position_logits(decoder, cache, ids: list[int]) -> torch.Tensor:
     """Log-probabilities of each next token of `ids` [len - 1], prefilled chunk by chunk into slot 0."""
     captured: list[torch.Tensor] = []
     name = "_layers" if hasattr(decoder, "_layers") else "_hidden"  # the fused forward's or the transformers path's
@@ -77,7 +77,7 @@ def _all_position_logits(decoder, cache, ids: list[int]) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _greedy(decoder, cache, prompt: list[int], length: int) -> list[int]:
+def greedy(decoder, cache, prompt: list[int], length: int) -> list[int]:
     logits = decoder.prefill(cache, 0, prompt, 0)
     tokens = [int(logits.argmax())]
     for pos in range(len(prompt), len(prompt) + length - 1):
@@ -114,7 +114,7 @@ def _simulated(rounding: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[Non
         KVCache.write, fused_decoder.decode_attention = write, decode
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
 
 
@@ -129,12 +129,12 @@ def measure(model_dir: Path, dtype: str, tokens: int, kv_dtypes: list[str], answ
         rounding, value_bytes = SIMULATED.get(kv, (None, None))
         cache = decoder.new_cache(1, tokens + CHUNK, kv_dtype="auto" if rounding else kv)
         with _simulated(rounding) if rounding else contextlib.nullcontext():
-            nll = -_all_position_logits(decoder, cache, ids).mean().item()
-            answers = [_greedy(decoder, cache, p, answer_tokens) for p in prompts]
+            nll = -all_position_logits(decoder, cache, ids).mean().item()
+            answers = [greedy(decoder, cache, p, answer_tokens) for p in prompts]
         if kv == "auto":
             base_nll, base_answers = nll, answers
         same = sum(a == b for a, b in zip(answers, base_answers, strict=True))
-        prefix = sum(_common_prefix(a, b) for a, b in zip(answers, base_answers, strict=True)) / len(answers)
+        prefix = sum(common_prefix(a, b) for a, b in zip(answers, base_answers, strict=True)) / len(answers)
         layers, _, heads, _, dim = cache.k.shape
         per_token = 2 * layers * heads * value_bytes(dim) if value_bytes else cache.bytes_per_token()
         storage = "simulated" if rounding else str(cache.k.dtype).removeprefix("torch.")

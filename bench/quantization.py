@@ -92,7 +92,7 @@ def speed(rounds: int) -> None:
 def accuracy(tokens: int, answer_tokens: int) -> None:
     import torch
 
-    from bench.kv_accuracy import CHUNK, _all_position_logits, _common_prefix, _greedy, chat_prompts, fixed_text
+    from bench.kv_accuracy import CHUNK, all_position_logits, chat_prompts, common_prefix, fixed_text, greedy
     from engine.model.decoder import Decoder
     from engine.model.loading import load_model
 
@@ -106,12 +106,12 @@ def accuracy(tokens: int, answer_tokens: int) -> None:
             ids = tokenizer(fixed_text()).input_ids[:tokens]
             prompts = chat_prompts(tokenizer)
             cache = decoder.new_cache(1, tokens + CHUNK)
-            nll = -_all_position_logits(decoder, cache, ids).mean().item()
-            answers = [_greedy(decoder, cache, p, answer_tokens) for p in prompts]
+            nll = -all_position_logits(decoder, cache, ids).mean().item()
+            answers = [greedy(decoder, cache, p, answer_tokens) for p in prompts]
         if base_nll is None:
             base_nll, base_answers = nll, answers
         same = sum(a == b for a, b in zip(answers, base_answers, strict=True))
-        prefix = sum(_common_prefix(a, b) for a, b in zip(answers, base_answers, strict=True)) / len(answers)
+        prefix = sum(common_prefix(a, b) for a, b in zip(answers, base_answers, strict=True)) / len(answers)
         print(f"| {MODEL_DIR.name} | {name(dtype, quantization)} | {math.exp(nll):.4f} | "
               f"{100 * (math.exp(nll - base_nll) - 1):+.2f}% | {same}/{len(answers)} | {prefix:.1f}/{answer_tokens} |",
               flush=True)

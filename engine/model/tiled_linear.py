@@ -140,7 +140,8 @@ def tiled_linear(x: torch.Tensor, weight: TiledWeight, bias: torch.Tensor | None
     rows = x.reshape(-1, x.shape[-1])
     if isinstance(weight, Int4TiledWeight):
         padded_k = weight.tiles.shape[1] * 2
-        rows = F.pad(rows.float(), (0, padded_k - weight.in_features))  # zeros: no term, no share of a group's sum
+        if padded_k != weight.in_features:  # zeros: no term, no share of a group's sum (no copy when none is needed)
+            rows = F.pad(rows.float(), (0, padded_k - weight.in_features))
         out = torch.ops.sie_kernels.tiled_linear_int4(rows, weight.tiles, weight.group_scales, weight.group_mins)
     elif weight.dtype == torch.int8:
         out = torch.ops.sie_kernels.tiled_linear_int8(rows.float(), weight.tiles, weight.scales)
